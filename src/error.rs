@@ -1,0 +1,131 @@
+//! Errors raised while building a rule table.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// Where in the rule table a [`ConfigError`] was found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub(crate) route: Option<(usize, String)>,
+    pub(crate) rule: Option<(usize, String)>,
+    pub(crate) field: Option<String>,
+}
+
+/// What is wrong with a rule table.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// A route's path pattern is not a valid regular expression.
+    InvalidRegex(regex::Error),
+    /// A limit is zero or negative; a rule without limits is written by
+    /// leaving every window out.
+    InvalidLimit(i64),
+    /// A window's duration is zero, negative or too long.
+    InvalidDuration,
+    /// Two windows of one rule have the same duration.
+    DuplicateWindow,
+    /// A rule repeats (or is shadowed by) an earlier rule of the same route
+    /// for the same group and method, so it could never apply.
+    UnreachableRule,
+    /// A method name is not a valid HTTP method token.
+    InvalidMethod,
+    /// A name (group, zone) is empty.
+    EmptyName,
+    /// A rule has more windows than [`MAX_WINDOWS`](crate::rules::MAX_WINDOWS).
+    TooManyWindows,
+    /// The configuration text could not be parsed, or has an unknown field.
+    Parse(String),
+}
+
+/// A rule table could not be built; says which route, rule and field.
+///
+/// ```
+/// use tower_ratelimit::{Rule, Rules};
+///
+/// let err = Rules::builder()
+///     .route("^/ok", [Rule::new().second(1)])
+///     .route("^/bad(", [Rule::new().second(1)])
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("route #1 `^/bad(`"));
+/// ```
+#[derive(Debug)]
+pub struct ConfigError {
+    at: Location,
+    kind: ConfigErrorKind,
+}
+
+impl ConfigError {
+    pub(crate) fn new(at: Location, kind: ConfigErrorKind) -> Self {
+        Self { at, kind }
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> &ConfigErrorKind {
+        &self.kind
+    }
+
+    /// The index and path pattern of the offending route, when the error is
+    /// about one route.
+    pub fn route(&self) -> Option<(usize, &str)> {
+        self.at.route.as_ref().map(|(i, p)| (*i, p.as_str()))
+    }
+
+    /// The index and group of the offending rule within its route.
+    pub fn rule(&self) -> Option<(usize, &str)> {
+        self.at.rule.as_ref().map(|(i, g)| (*i, g.as_str()))
+    }
+
+    /// The offending field (`second`, `windows[1]`, `method`, ...).
+    pub fn field(&self) -> Option<&str> {
+        self.at.field.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid rate-limit rules")?;
+        if let Some((i, pattern)) = &self.at.route {
+            write!(f, ": route #{i} `{pattern}`")?;
+        }
+        if let Some((i, group)) = &self.at.rule {
+            write!(f, ", rule #{i} (group `{group}`)")?;
+        }
+        if let Some(field) = &self.at.field {
+            write!(f, ", field `{field}`")?;
+        }
+        f.write_str(": ")?;
+        match &self.kind {
+            ConfigErrorKind::InvalidRegex(e) => write!(f, "invalid regular expression: {e}"),
+            ConfigErrorKind::InvalidLimit(n) => {
+                write!(f, "limit must be a whole number of at least 1, got {n}")
+            }
+            ConfigErrorKind::InvalidDuration => {
+                f.write_str("window duration must be between 1 millisecond and 10 years")
+            }
+            ConfigErrorKind::DuplicateWindow => {
+                f.write_str("another window of this rule has the same duration")
+            }
+            ConfigErrorKind::UnreachableRule => f.write_str(
+                "an earlier rule of this route already covers this group and method, so this rule could never apply",
+            ),
+            ConfigErrorKind::InvalidMethod => f.write_str("not a valid HTTP method"),
+            ConfigErrorKind::EmptyName => f.write_str("must not be empty"),
+            ConfigErrorKind::TooManyWindows => write!(
+                f,
+                "a rule may have at most {} windows",
+                crate::rules::MAX_WINDOWS
+            ),
+            ConfigErrorKind::Parse(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl StdError for ConfigError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match &self.kind {
+            ConfigErrorKind::InvalidRegex(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Who is asking: the user a request's budget belongs to, and their group.
+//!
+//! An identity source implements [`Identify`]. Any closure
+//! `Fn(&http::request::Parts) -> impl Future<Output = Result<Identity, IdentityError>>`
+//! does, as long as its future does not borrow the request head (copy what
+//! it needs out of the head first, then `async move`):
+//!
+//! ```
+//! use http::request::Parts;
+//! use tower_ratelimit::identity::{Identity, IdentityError};
+//!
+//! let identify = |head: &Parts| {
+//!     let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
+//!     async move {
+//!         match key {
+//!             Some(key) if key == b"admin-key" => Ok(Identity::new(key).with_group("admin")),
+//!             Some(key) => Ok(Identity::new(key)),
+//!             None => Err(IdentityError::new("missing x-api-key")),
+//!         }
+//!     }
+//! };
+//! # let _ = tower_ratelimit::RateLimitLayer::new(
+//! #     tower_ratelimit::Rules::builder().build().unwrap(),
+//! #     tower_ratelimit::MemoryStore::new(),
+//! # ).identify(identify);
+//! ```
+//!
+//! Built-ins: [`ClientIp`] (the peer address), [`HeaderValue`] (e.g. an API
+//! key header) and [`Global`] (one budget for everyone). Identities are
+//! arbitrary bytes of any length: the layer encodes them into store keys so
+//! that no identity can reach another user's budget (see
+//! [the crate docs](crate#keys)).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::{ready, Future, Ready};
+use std::net::SocketAddr;
+
+use http::request::Parts;
+use http::{HeaderName, StatusCode};
+
+use crate::rules::DEFAULT_GROUP;
+
+/// A user and the group whose rules apply to them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    user: Vec<u8>,
+    group: Cow<'static, str>,
+}
+
+impl Identity {
+    /// The user `user`, in group `"default"`.
+    pub fn new(user: impl Into<Vec<u8>>) -> Self {
+        Self {
+            user: user.into(),
+            group: Cow::Borrowed(DEFAULT_GROUP),
+        }
+    }
+
+    /// Puts the user in `group`.
+    #[must_use]
+    pub fn with_group(mut self, group: impl Into<Cow<'static, str>>) -> Self {
+        self.group = group.into();
+        self
+    }
+
+    /// The user: any bytes.
+    pub fn user(&self) -> &[u8] {
+        &self.user
+    }
+
+    /// The group.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+}
+
+/// Why a request could not be identified; becomes a response through
+/// [`RateLimitLayer::on_identity_error`](crate::RateLimitLayer::on_identity_error)
+/// (by default `401` with a problem+json body).
+#[derive(Clone, Debug)]
+pub struct IdentityError {
+    message: Cow<'static, str>,
+    status: StatusCode,
+}
+
+impl IdentityError {
+    /// An error answered with `401 Unauthorized`.
+    pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            message: message.into(),
+            status: StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    /// Answers with `status` instead.
+    #[must_use]
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// The status the default response uses.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The message (it goes into the default response's `detail`).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for IdentityError {}
+
+/// Tells who sent a request. See the [module docs](self).
+pub trait Identify: Send + Sync + 'static {
+    /// The future of one identification.
+    type Future: Future<Output = Result<Identity, IdentityError>> + Send + 'static;
+
+    /// Identifies the sender of the request whose head is `head`.
+    fn identify(&self, head: &Parts) -> Self::Future;
+}
+
+impl<F, Fut> Identify for F
+where
+    F: Fn(&Parts) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Identity, IdentityError>> + Send + 'static,
+{
+    type Future = Fut;
+
+    fn identify(&self, head: &Parts) -> Fut {
+        self(head)
+    }
+}
+
+/// The peer's IP address, in group `"default"`.
+///
+/// Read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature;
+/// serve with `into_make_service_with_connect_info::<SocketAddr>()`), or
+/// from a plain [`SocketAddr`] request extension (insert one in a hyper
+/// service). A request with neither is answered `500`: the server is
+/// misconfigured, and failing loudly beats putting everyone in one budget.
+///
+/// IPv6 peers are grouped by their /64 prefix, since one host commonly owns
+/// a whole /64 and could otherwise rotate through 2^64 budgets.
+///
+/// This never reads `X-Forwarded-For`: behind a proxy every request would
+/// come from the proxy.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientIp;
+
+impl ClientIp {
+    /// The peer address of a request, if the server recorded one.
+    pub fn peer(head: &Parts) -> Option<SocketAddr> {
+        #[cfg(feature = "axum")]
+        if let Some(info) = head
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(info.0);
+        }
+        head.extensions.get::<SocketAddr>().copied()
+    }
+}
+
+/// The bytes of an IP address as a budget user (IPv6 truncated to /64).
+pub(crate) fn ip_user(ip: std::net::IpAddr) -> Vec<u8> {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string().into_bytes(),
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string().into_bytes(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]).into_bytes()
+            }
+        },
+    }
+}
+
+impl Identify for ClientIp {
+    type Future = Ready<Result<Identity, IdentityError>>;
+
+    fn identify(&self, head: &Parts) -> Self::Future {
+        ready(match Self::peer(head) {
+            Some(addr) => Ok(Identity::new(ip_user(addr.ip()))),
+            None => Err(IdentityError::new(
+                "the server did not record the peer address (serve with ConnectInfo)",
+            )
+            .with_status(StatusCode::INTERNAL_SERVER_ERROR)),
+        })
+    }
+}
+
+/// The value of one request header (for example `x-api-key`), in group
+/// `"default"`. A request without the header is answered `401`.
+#[derive(Clone, Debug)]
+pub struct HeaderValue {
+    name: HeaderName,
+}
+
+impl HeaderValue {
+    /// Identifies users by the header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+impl Identify for HeaderValue {
+    type Future = Ready<Result<Identity, IdentityError>>;
+
+    fn identify(&self, head: &Parts) -> Self::Future {
+        ready(match head.headers.get(&self.name) {
+            Some(value) => Ok(Identity::new(value.as_bytes())),
+            None => Err(IdentityError::new(format!("missing `{}` header", self.name))),
+        })
+    }
+}
+
+/// Everyone is the same user: one budget per route for the whole service.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Global;
+
+impl Identify for Global {
+    type Future = Ready<Result<Identity, IdentityError>>;
+
+    fn identify(&self, _head: &Parts) -> Self::Future {
+        ready(Ok(Identity::new(&b"*"[..])))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn ipv6_is_grouped_by_its_64_prefix() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(ip_user(a), ip_user(b));
+        assert_ne!(ip_user(a), ip_user(c));
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        assert_eq!(ip_user(mapped), b"10.1.2.3");
+    }
+}

@@ -1,0 +1,126 @@
+//! Budget keys: how a (route or zone, user) pair becomes one store key.
+//!
+//! A budget key is `<policy>:<user>` where both parts are encoded so that
+//! they only contain `[A-Za-z0-9-._~@+=%#]`:
+//!
+//! - bytes outside the unreserved set (`-._~@+=` and alphanumerics) become
+//!   `%XX`, so `:`, `{`, `}`, spaces, newlines and non-UTF-8 bytes can never
+//!   split a key, close a Redis hash tag, or collide with another user;
+//! - an encoded part longer than [`MAX_ENCODED`] bytes is replaced by `#`
+//!   followed by 32 hex digits of its SHA-256, so a megabyte-long identity
+//!   costs the store a fixed 33 bytes. `#` never appears in an encoded part,
+//!   so a hashed part never equals a literal one.
+//!
+//! The encoding is injective: two different users always get two different
+//! keys (up to SHA-256 collisions for parts longer than [`MAX_ENCODED`]).
+
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+
+/// Encoded parts longer than this many bytes are hashed.
+pub const MAX_ENCODED: usize = 128;
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@' | b'+' | b'=')
+}
+
+/// The length `bytes` has once percent-encoded.
+fn encoded_len(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .map(|&b| if unreserved(b) { 1 } else { 3 })
+        .sum()
+}
+
+/// Appends the encoding of `bytes` to `out` (see the module docs).
+pub(crate) fn push_encoded(out: &mut String, bytes: &[u8]) {
+    if encoded_len(bytes) > MAX_ENCODED {
+        let digest = Sha256::digest(bytes);
+        out.push('#');
+        for b in &digest[..16] {
+            // Writing to a String cannot fail.
+            let _ = write!(out, "{b:02x}");
+        }
+        return;
+    }
+    for &b in bytes {
+        if unreserved(b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+}
+
+/// The encoding of `bytes` as a new string.
+pub(crate) fn encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(encoded_len(bytes).min(MAX_ENCODED + 1));
+    push_encoded(&mut out, bytes);
+    out
+}
+
+/// `<policy>:<encoded user>`, allocated once at its final size.
+pub(crate) fn budget_key(policy: &str, user: &[u8]) -> String {
+    let user_len = encoded_len(user).min(MAX_ENCODED + 1).max(33);
+    let mut out = String::with_capacity(policy.len() + 1 + user_len);
+    out.push_str(policy);
+    out.push(':');
+    push_encoded(&mut out, user);
+    out
+}
+
+/// A short stable name for a route pattern: 16 hex digits of its SHA-256.
+pub(crate) fn pattern_id(pattern: &str) -> String {
+    let digest = Sha256::digest(pattern.as_bytes());
+    let mut out = String::with_capacity(17);
+    out.push('r');
+    for b in &digest[..8] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_identities_stay_readable() {
+        assert_eq!(encode(b"alice@example.com"), "alice@example.com");
+        assert_eq!(encode(b"10.0.0.1"), "10.0.0.1");
+    }
+
+    #[test]
+    fn key_syntax_is_escaped() {
+        assert_eq!(encode(b"a:b{c}d e\n%#"), "a%3Ab%7Bc%7Dd%20e%0A%25%23");
+        assert_eq!(encode(&[0xff, 0x00]), "%FF%00");
+    }
+
+    #[test]
+    fn long_identities_are_hashed_to_a_fixed_size() {
+        let long = vec![b'x'; 1 << 20];
+        let key = encode(&long);
+        assert_eq!(key.len(), 33);
+        assert!(key.starts_with('#'));
+        assert_ne!(encode(&long[1..]), key);
+    }
+
+    #[test]
+    fn boundary_between_literal_and_hashed() {
+        let at = vec![b'a'; MAX_ENCODED];
+        assert_eq!(encode(&at).len(), MAX_ENCODED);
+        let over = vec![b'a'; MAX_ENCODED + 1];
+        assert!(encode(&over).starts_with('#'));
+    }
+
+    #[test]
+    fn budget_keys_do_not_collide_across_the_separator() {
+        // "a" + ":" + "b:c" must differ from "a:b" + ":" + "c".
+        assert_ne!(budget_key("a", b"b:c"), budget_key("a:b", b"c"));
+        assert_eq!(budget_key("r1", b"b:c"), "r1:b%3Ac");
+    }
+}

@@ -1,0 +1,73 @@
+//! Exact, multi-window rate limiting for Tower services: Axum, Hyper and
+//! Tonic.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use tower_ratelimit::{identity::Identity, MemoryStore, RateLimitLayer, Rule, Rules};
+//!
+//! let rules = Rules::builder()
+//!     // Default users: one request per second; admins: unlimited.
+//!     .route(r"^/towns", [Rule::group("default").second(1), Rule::group("admin")])
+//!     // Every window must allow a request; a denied one consumes nothing.
+//!     .route(r"^/multiple", [Rule::new().second(5).minute(100).hour(1000)])
+//!     .build()?;
+//!
+//! let app: Router = Router::new()
+//!     .route("/towns", get(|| async { "towns" }))
+//!     .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(
+//!         |head: &http::request::Parts| {
+//!             let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
+//!             async move {
+//!                 Ok(match key {
+//!                     Some(key) if key == b"admin-key" => Identity::new(key).with_group("admin"),
+//!                     Some(key) => Identity::new(key),
+//!                     None => Identity::new("anonymous"),
+//!                 })
+//!             }
+//!         },
+//!     ));
+//! # Ok::<(), tower_ratelimit::ConfigError>(())
+//! ```
+//!
+//! # The request path
+//!
+//! 1. The path is matched against every route pattern in one pass; a path
+//!    that matches none passes through untouched (no identity call, no store
+//!    call, no headers).
+//! 2. The identity function names the user and their group.
+//! 3. The first matching route with a rule for that group (and method)
+//!    applies; a rule without windows, or no rule at all, means unlimited.
+//! 4. The store decides on every window of the rule atomically: all allow,
+//!    and the request is recorded in all of them, or it is denied and
+//!    recorded in none.
+//! 5. Allowed: the inner service runs and its response gets the
+//!    `X-RateLimit-*` headers. Denied: `429` with `Retry-After`; the inner
+//!    service is never called. Store failure: [`FailMode`].
+//!
+//! # Keys
+//!
+//! A budget is (route, user), or (zone, user) for rules that name a zone;
+//! a rule that names a method has its own budget. Users are arbitrary bytes
+//! and are percent-encoded (and hashed past 128 bytes) before they become
+//! part of a key, so braces, colons, newlines or megabyte-long identities
+//! can never reach another user's budget. See [`key`] for the layout.
+
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod body;
+pub mod clock;
+pub mod decision;
+mod error;
+pub mod identity;
+pub mod key;
+mod layer;
+pub mod rules;
+pub mod store;
+
+pub use body::RateLimitBody;
+pub use error::{ConfigError, ConfigErrorKind};
+pub use layer::{FailMode, RateLimit, RateLimitLayer, ResponseFuture};
+pub use rules::{Algorithm, Config, Rule, Rules, RulesBuilder, Window};
+#[cfg(feature = "memory")]
+pub use store::MemoryStore;
+pub use store::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};

@@ -1,0 +1,260 @@
+//! The embedded in-process store.
+//!
+//! Budgets live in a hash table split into shards, each behind its own
+//! mutex, so concurrent requests for different budgets rarely meet and no
+//! lock is global. A check hashes its budget once, locks one shard, and runs
+//! the algorithm on that budget's state; the answer is ready at once (the
+//! returned future is [`std::future::Ready`], no allocation).
+//!
+//! # Memory
+//!
+//! A budget whose windows are all empty is garbage. It is reclaimed by a
+//! *sweep*, which runs:
+//!
+//! - automatically, inside a check that inserts a new budget into a shard
+//!   that has doubled in size since its last sweep (so the table never holds
+//!   more than about twice the live budgets, amortised O(1) per check); and
+//! - on demand, with [`MemoryStore::sweep`] (e.g. from a periodic task).
+//!
+//! After a sweep, a budget whose windows are empty holds no memory.
+
+use std::collections::VecDeque;
+use std::future::{ready, Ready};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+
+use super::{sliding_log, Check, Decision, Store, StoreError};
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::rules::Algorithm;
+
+/// Shards never sweep below this many budgets.
+const MIN_SWEEP_LEN: usize = 64;
+
+/// An exact in-process store; clones share the same budgets.
+///
+/// ```
+/// use std::time::Duration;
+/// use futures_util::FutureExt;
+/// use tower_ratelimit::{Check, MemoryStore, Store, Window};
+///
+/// let store = MemoryStore::new();
+/// let windows = [Window::new(Duration::from_secs(1), 1)?];
+/// // The memory store answers at once: its future is always ready.
+/// let first = store.check(Check::new("r1:alice", windows)).now_or_never().unwrap()?;
+/// let second = store.check(Check::new("r1:alice", windows)).now_or_never().unwrap()?;
+/// assert!(first.allowed() && !second.allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Shard]>,
+    /// `64 - log2(shards)`: a budget's shard is the top bits of its hash
+    /// (hashbrown uses the low and the top 7 for itself; shards only need a
+    /// few).
+    shift: u32,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+}
+
+/// One shard, alone on its cache line so neighbours do not contend.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard(Mutex<ShardState>);
+
+#[derive(Debug)]
+struct ShardState {
+    table: HashTable<Entry>,
+    /// Sweep when an insert takes the table to this length.
+    sweep_at: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    budget: Box<str>,
+    /// When every window of this budget will be empty (microseconds).
+    expires: u64,
+    log: VecDeque<u64>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock, with a shard count sized to the machine.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// A store whose own time (used for checks that carry no time, and for
+    /// [`sweep`](Self::sweep)) comes from `clock`.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        let threads = std::thread::available_parallelism().map_or(4, usize::from);
+        let shards = (threads * 8).next_power_of_two().clamp(16, 1024);
+        let shift = 64 - shards.trailing_zeros();
+        let shards = (0..shards)
+            .map(|_| {
+                Shard(Mutex::new(ShardState {
+                    table: HashTable::new(),
+                    sweep_at: MIN_SWEEP_LEN,
+                }))
+            })
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                shards,
+                shift,
+                hasher: foldhash::fast::RandomState::default(),
+                clock: Arc::new(clock),
+            }),
+        }
+    }
+
+    /// The number of budgets currently held (including ones a sweep would
+    /// reclaim).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+
+    /// Whether no budget is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reclaims every budget whose windows are empty at the store's clock;
+    /// returns how many budgets remain.
+    pub fn sweep(&self) -> usize {
+        self.sweep_at(self.inner.clock.now())
+    }
+
+    /// Like [`sweep`](Self::sweep), at an explicit time.
+    pub fn sweep_at(&self, now: Timestamp) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| {
+                let mut state = lock(s);
+                state.sweep(now.as_micros());
+                state.table.len()
+            })
+            .sum()
+    }
+
+    fn decide(&self, check: &Check) -> Decision {
+        let inner = &*self.inner;
+        let now = check
+            .now
+            .unwrap_or_else(|| inner.clock.now())
+            .as_micros();
+        let hash = inner.hasher.hash_one(check.budget.as_str());
+        // `shift` is at most 60 (at least 16 shards), so this cannot overflow.
+        let index = usize::try_from(hash >> inner.shift).unwrap_or(0);
+        let Some(shard) = inner.shards.get(index) else {
+            return Decision::new(true, None, []);
+        };
+        let longest = check.windows.last().map_or(0, |w| w.micros());
+        let mut state = lock(shard);
+        let run = |log: &mut VecDeque<u64>| match check.algorithm {
+            Algorithm::SlidingLog => sliding_log::check(log, &check.windows, check.cost, now),
+        };
+        let entry = state
+            .table
+            .find_mut(hash, |e| *e.budget == *check.budget);
+        if let Some(entry) = entry {
+            let decision = run(&mut entry.log);
+            if let Some(&last) = entry.log.back() {
+                entry.expires = last.saturating_add(longest);
+            }
+            return decision;
+        }
+        let mut log = VecDeque::new();
+        let decision = run(&mut log);
+        if let Some(&last) = log.back() {
+            if state.table.len() + 1 >= state.sweep_at {
+                state.sweep(now);
+            }
+            let entry = Entry {
+                hash,
+                budget: check.budget.as_str().into(),
+                expires: last.saturating_add(longest),
+                log,
+            };
+            state.table.insert_unique(hash, entry, |e| e.hash);
+        }
+        decision
+    }
+}
+
+impl ShardState {
+    fn sweep(&mut self, now: u64) {
+        self.table.retain(|e| e.expires > now);
+        if self.table.capacity() > 4 * self.table.len().max(MIN_SWEEP_LEN) {
+            self.table.shrink_to_fit(|e| e.hash);
+        }
+        self.sweep_at = (2 * self.table.len()).max(MIN_SWEEP_LEN);
+    }
+}
+
+/// A panic while a shard was locked cannot leave it inconsistent (every
+/// update is a push or a pop), so a poisoned lock is simply taken.
+fn lock(shard: &Shard) -> MutexGuard<'_, ShardState> {
+    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Store for MemoryStore {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        ready(Ok(self.decide(&check)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::rules::Window;
+    use std::time::Duration;
+
+    #[test]
+    fn sweep_reclaims_budgets_with_empty_windows() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let windows: Arc<[Window]> = [Window::new(Duration::from_secs(10), 5).unwrap()].into();
+        for user in 0..1000 {
+            let d = store.decide(&Check::new(format!("r:{user}"), windows.clone()));
+            assert!(d.allowed());
+        }
+        assert_eq!(store.sweep(), 1000);
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(store.sweep(), 0);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn automatic_sweeps_bound_the_table() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let windows: Arc<[Window]> = [Window::new(Duration::from_secs(1), 1).unwrap()].into();
+        // 100,000 one-off users, each idle a second later: the table must
+        // stay near the number of live budgets, not grow to 100,000.
+        for user in 0..100_000u32 {
+            let d = store.decide(&Check::new(format!("r:{user}"), windows.clone()).at(clock.now()));
+            assert!(d.allowed());
+            clock.advance(Duration::from_millis(1));
+        }
+        let held = store.len();
+        assert!(held < 2 * 1000 + 64 * store.inner.shards.len(), "held {held}");
+    }
+}

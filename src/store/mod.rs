@@ -1,0 +1,241 @@
+//! Where budgets live: the [`Store`] contract, and its implementations.
+//!
+//! One request is one [`Store::check`], and one check is one atomic decision
+//! over every window that applies to the request: the store checks all of
+//! them first, then records the request in all of them or in none. A denied
+//! request consumes nothing.
+//!
+//! The [`MemoryStore`] is the executable specification of that contract; the
+//! Redis store's scripts make exactly the same decisions (the conformance
+//! tests run one suite against both).
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrayvec::ArrayVec;
+
+use crate::clock::Timestamp;
+use crate::rules::{Algorithm, Window, MAX_WINDOWS};
+
+#[cfg(feature = "memory")]
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+pub(crate) mod sliding_log;
+
+#[cfg(feature = "memory")]
+pub use memory::MemoryStore;
+
+/// One question to a store: may this budget spend `cost` now?
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Check {
+    /// The budget: `<policy>:<user>`, already encoded so it contains no key
+    /// syntax (see [`crate::key`](crate#keys)).
+    pub budget: String,
+    /// The windows to check, shortest first.
+    pub windows: Arc<[Window]>,
+    /// How requests are counted.
+    pub algorithm: Algorithm,
+    /// How many units this request spends (1 unless configured).
+    pub cost: u32,
+    /// The time of the check when a clock was injected into the layer; `None`
+    /// lets the store use its own clock (Redis: the server's `TIME`).
+    pub now: Option<Timestamp>,
+}
+
+impl Check {
+    /// A check of `budget` against `windows`, costing 1, on the store's clock.
+    pub fn new(budget: impl Into<String>, windows: impl Into<Arc<[Window]>>) -> Self {
+        let mut windows: Arc<[Window]> = windows.into();
+        if !windows.is_sorted_by_key(|w| w.micros()) {
+            let mut sorted = windows.to_vec();
+            sorted.sort_by_key(|w| w.micros());
+            windows = sorted.into();
+        }
+        Self {
+            budget: budget.into(),
+            windows,
+            algorithm: Algorithm::default(),
+            cost: 1,
+            now: None,
+        }
+    }
+
+    /// Sets the cost of the request.
+    #[must_use]
+    pub fn with_cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Decides at `now` instead of on the store's clock.
+    #[must_use]
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.now = Some(now);
+        self
+    }
+}
+
+/// The state of one window after a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WindowState {
+    /// The window.
+    pub window: Window,
+    /// Requests the window still allows (after counting this one, if it was
+    /// allowed).
+    pub remaining: u32,
+    /// Time until the window frees its next slot (zero when it is empty).
+    pub reset_after: Duration,
+}
+
+impl WindowState {
+    /// The state of `window`.
+    pub fn new(window: Window, remaining: u32, reset_after: Duration) -> Self {
+        Self {
+            window,
+            remaining,
+            reset_after,
+        }
+    }
+}
+
+/// The answer of a store to a [`Check`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    allowed: bool,
+    retry_after: Option<Duration>,
+    windows: ArrayVec<WindowState, MAX_WINDOWS>,
+}
+
+impl Decision {
+    /// A decision. `windows` beyond [`MAX_WINDOWS`] are ignored.
+    pub fn new(
+        allowed: bool,
+        retry_after: Option<Duration>,
+        windows: impl IntoIterator<Item = WindowState>,
+    ) -> Self {
+        Self {
+            allowed,
+            retry_after: if allowed { None } else { retry_after },
+            windows: windows.into_iter().take(MAX_WINDOWS).collect(),
+        }
+    }
+
+    /// Whether the request may pass.
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// For a denied request, the exact time until it would be allowed (the
+    /// largest wait among the windows that deny it).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Every window of the rule, shortest first.
+    pub fn windows(&self) -> &[WindowState] {
+        &self.windows
+    }
+
+    /// The window with the fewest requests remaining (ties: the shorter
+    /// window): the one the `X-RateLimit-*` headers describe.
+    pub fn constraining(&self) -> Option<&WindowState> {
+        // Windows are shortest first, so the first minimum wins ties.
+        self.windows
+            .iter()
+            .reduce(|best, w| if w.remaining < best.remaining { w } else { best })
+    }
+}
+
+/// What went wrong in a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer within its deadline.
+    Timeout,
+    /// The store could not be reached (connection refused, dropped, ...).
+    Unavailable,
+    /// The store answered with an error or an unexpected reply.
+    Backend,
+}
+
+/// A store could not decide; the layer then applies its
+/// [`FailMode`](crate::FailMode).
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl StoreError {
+    /// An error of `kind` caused by `source`.
+    pub fn new(kind: StoreErrorKind, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// A timeout.
+    pub fn timeout() -> Self {
+        Self {
+            kind: StoreErrorKind::Timeout,
+            source: None,
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Timeout => "rate-limit store timed out",
+            StoreErrorKind::Unavailable => "rate-limit store unavailable",
+            StoreErrorKind::Backend => "rate-limit store failed",
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// A place where budgets are kept and decided on atomically.
+///
+/// Implementations must decide each [`Check`] atomically over all its
+/// windows: a request is allowed only if every window allows it, and a
+/// denied request is recorded nowhere. The returned future must not borrow
+/// the store (clone an `Arc` into it), so the layer can hold it across
+/// awaits without boxing.
+pub trait Store: Send + Sync + 'static {
+    /// The future of one check.
+    type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+
+    /// Decides on `check`, and records it when allowed.
+    fn check(&self, check: Check) -> Self::Future;
+}
+
+impl<S: Store> Store for Arc<S> {
+    type Future = S::Future;
+
+    fn check(&self, check: Check) -> Self::Future {
+        (**self).check(check)
+    }
+}

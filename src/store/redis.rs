@@ -1,0 +1,1 @@
+//! The Redis store (work in progress).

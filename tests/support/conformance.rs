@@ -1,0 +1,329 @@
+//! The behaviour every store must show through the layer. Each function
+//! takes a fresh store; `conformance_suite!` instantiates all of them for
+//! one store kind, so the memory store and Redis run the very same tests.
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use tower_ratelimit::{Rule, Rules, Store};
+
+use super::App;
+
+/// Instantiates every conformance test for the stores made by `$make`
+/// (an expression evaluated once per test, inside the test's runtime).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::conformance_suite!(@tests $make;
+            window_edges_are_exact,
+            custom_windows_are_exact,
+            all_or_nothing_across_windows,
+            headers_describe_the_constraining_window,
+            groups_pick_their_rule,
+            routes_fall_through_to_a_rule_for_the_group,
+            methods_have_their_own_budgets,
+            routes_and_zones_share_budgets,
+            unmatched_paths_pass_untouched,
+            hostile_identities_stay_separate,
+            denied_requests_never_reach_the_inner_service,
+            identity_errors_are_answered_401,
+        );
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn concurrent_requests_on_one_budget_are_exact() {
+            $crate::support::conformance::concurrent_requests_on_one_budget_are_exact($make).await;
+        }
+    };
+    (@tests $make:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $crate::support::conformance::$name($make).await;
+            }
+        )+
+    };
+}
+
+fn one_route(pattern: &str, rules: impl IntoIterator<Item = Rule>) -> Rules {
+    Rules::builder().route(pattern, rules).build().unwrap()
+}
+
+pub async fn window_edges_are_exact<St: Store>(store: impl std::future::Future<Output = St>) {
+    let app = App::new(one_route("^/a", [Rule::new().second(1)]), store.await);
+    let first = app.get("/a", "u").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(first.header("x-ratelimit-reset"), Some("1"));
+    assert_eq!(first.header("retry-after"), None);
+
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("1"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+    assert!(denied.body.contains(r#""status":429"#), "{}", denied.body);
+
+    // 300 ms later the exact wait is 700 ms: Retry-After rounds it up.
+    app.advance_ms(300);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("retry-after"), 1);
+    assert_eq!(denied.number("x-ratelimit-reset"), 1);
+
+    // Denied one millisecond before the slot frees, allowed exactly at it.
+    app.advance_ms(699);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    app.advance_ms(1);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.inner_calls(), 2);
+}
+
+pub async fn custom_windows_are_exact<St: Store>(store: impl std::future::Future<Output = St>) {
+    let rules = one_route("^/a", [Rule::new().per(Duration::from_secs(10), 5)]);
+    let app = App::new(rules, store.await);
+    for i in 0..5 {
+        let reply = app.get("/a", "u").await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}");
+        assert_eq!(reply.number("x-ratelimit-remaining"), 4 - i);
+        app.advance_ms(1000);
+    }
+    // Now t = 5 s; the first entry (t = 0) leaves at t = 10 s.
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("retry-after"), 5);
+    assert_eq!(denied.number("x-ratelimit-reset"), 5);
+    app.advance(Duration::from_millis(4999));
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    app.advance_ms(1);
+    let allowed = app.get("/a", "u").await;
+    assert_eq!(allowed.status, StatusCode::OK);
+    assert_eq!(allowed.number("x-ratelimit-remaining"), 0);
+    // Its slot is the one that was freed: the next (t = 1 s) frees at 11 s.
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.number("retry-after"), 1);
+}
+
+pub async fn all_or_nothing_across_windows<St: Store>(store: impl std::future::Future<Output = St>) {
+    let app = App::new(one_route("^/a", [Rule::new().second(2).minute(3)]), store.await);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    // Denied by the second window: these must not eat the minute window.
+    for _ in 0..5 {
+        let denied = app.get("/a", "u").await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(denied.number("retry-after"), 1);
+    }
+    // Two requests in one instant are recorded one microsecond apart, so the
+    // second one leaves the second window 1 µs after the first.
+    app.advance_ms(1001);
+    let third = app.get("/a", "u").await;
+    assert_eq!(third.status, StatusCode::OK);
+    // The minute window is now the constraining one.
+    assert_eq!(third.number("x-ratelimit-limit"), 3);
+    assert_eq!(third.number("x-ratelimit-remaining"), 0);
+    assert_eq!(third.number("x-ratelimit-reset"), 59);
+    for _ in 0..5 {
+        let denied = app.get("/a", "u").await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        // The minute window denies for 59 s; the largest wait wins.
+        assert_eq!(denied.number("retry-after"), 59);
+    }
+    // At t = 61.001 s every entry has left the minute window.
+    app.advance_ms(60_000);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(app.inner_calls(), 5);
+}
+
+pub async fn headers_describe_the_constraining_window<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rules = Rules::builder()
+        .route("^/tie", [Rule::new().second(5).minute(5)])
+        .route("^/long", [Rule::new().second(10).hour(3)])
+        .build()
+        .unwrap();
+    let app = App::new(rules, store.await);
+    // Both windows have 4 left: the shorter one is described.
+    let tie = app.get("/tie", "u").await;
+    assert_eq!(tie.number("x-ratelimit-remaining"), 4);
+    assert_eq!(tie.number("x-ratelimit-reset"), 1);
+    // The hour window has fewer left than the second window.
+    let long = app.get("/long", "u").await;
+    assert_eq!(long.number("x-ratelimit-limit"), 3);
+    assert_eq!(long.number("x-ratelimit-remaining"), 2);
+    assert_eq!(long.number("x-ratelimit-reset"), 3600);
+}
+
+pub async fn groups_pick_their_rule<St: Store>(store: impl std::future::Future<Output = St>) {
+    let rules = one_route("^/towns", [Rule::group("default").second(1), Rule::group("admin")]);
+    let app = App::new(rules, store.await);
+    assert_eq!(app.get("/towns", "d").await.status, StatusCode::OK);
+    assert_eq!(app.get("/towns", "d").await.status, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..10 {
+        // A rule without limits: unlimited, and no headers to describe.
+        let admin = app.get_as("/towns", "a", "admin").await;
+        assert_eq!(admin.status, StatusCode::OK);
+        assert!(!admin.limited());
+        // A group without a rule: unlimited too.
+        let guest = app.get_as("/towns", "g", "guest").await;
+        assert_eq!(guest.status, StatusCode::OK);
+        assert!(!guest.limited());
+    }
+}
+
+pub async fn routes_fall_through_to_a_rule_for_the_group<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rules = Rules::builder()
+        .route("^/api/special", [Rule::group("admin").second(1)])
+        .route("^/api", [Rule::new().second(2)])
+        .build()
+        .unwrap();
+    let app = App::new(rules, store.await);
+    assert_eq!(app.get("/api/special", "d").await.number("x-ratelimit-limit"), 2);
+    assert_eq!(app.get_as("/api/special", "a", "admin").await.number("x-ratelimit-limit"), 1);
+    assert_eq!(app.get_as("/api/other", "a", "admin").await.limited(), false);
+}
+
+pub async fn methods_have_their_own_budgets<St: Store>(store: impl std::future::Future<Output = St>) {
+    let rules = one_route("^/items", [Rule::new().method("POST").second(1), Rule::new().second(3)]);
+    let app = App::new(rules, store.await);
+    let post = |app: &App| {
+        let app = app.clone();
+        async move { app.send(Method::POST, "/items", Some(b"u"), None).await }
+    };
+    assert_eq!(post(&app).await.status, StatusCode::OK);
+    assert_eq!(post(&app).await.status, StatusCode::TOO_MANY_REQUESTS);
+    for left in (0..3).rev() {
+        let get = app.get("/items", "u").await;
+        assert_eq!(get.status, StatusCode::OK);
+        assert_eq!(get.number("x-ratelimit-remaining"), left);
+    }
+    assert_eq!(app.get("/items", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+pub async fn routes_and_zones_share_budgets<St: Store>(store: impl std::future::Future<Output = St>) {
+    let rules = Rules::builder()
+        .route("^/towns", [Rule::new().second(2)])
+        .route("^/a", [Rule::new().second(2).zone("shared")])
+        .route("^/b", [Rule::new().second(2).zone("shared")])
+        .route("^/c", [Rule::new().second(2)])
+        .build()
+        .unwrap();
+    let app = App::new(rules, store.await);
+    // Every path of one route counts against one budget.
+    assert_eq!(app.get("/towns/1", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/towns/2", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/towns/3", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Routes in one zone share one budget.
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(app.get("/b", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Other routes do not.
+    assert_eq!(app.get("/c", "u").await.status, StatusCode::OK);
+}
+
+pub async fn unmatched_paths_pass_untouched<St: Store>(store: impl std::future::Future<Output = St>) {
+    let app = App::new(one_route("^/limited", [Rule::new().second(1)]), store.await);
+    for _ in 0..5 {
+        let reply = app.get("/free", "u").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(!reply.limited());
+    }
+    // Not even the identity function ran.
+    assert_eq!(app.identity_calls(), 0);
+    // Unmatched requests need no identity at all.
+    let anonymous = app.send(Method::GET, "/free", None, None).await;
+    assert_eq!(anonymous.status, StatusCode::OK);
+    assert_eq!(app.inner_calls(), 6);
+}
+
+/// Identities that look like key syntax, or are huge, must each get their
+/// own budget.
+pub async fn hostile_identities_stay_separate<St: Store>(store: impl std::future::Future<Output = St>) {
+    let app = App::new(
+        Rules::builder()
+            .route("^/a", [Rule::new().minute(1)])
+            .route("^/b", [Rule::new().minute(1)])
+            .build()
+            .unwrap(),
+        store.await,
+    );
+    let mut long_a = vec![b'x'; 64 * 1024];
+    let mut long_b = long_a.clone();
+    long_a.push(b'a');
+    long_b.push(b'b');
+    let users: Vec<Vec<u8>> = vec![
+        b"alice".to_vec(),
+        b"alice:".to_vec(),
+        b"alice}".to_vec(),
+        b"{alice}".to_vec(),
+        b"alice}:rl:{bob".to_vec(),
+        b"al%69ce".to_vec(),
+        b"al%2569ce".to_vec(),
+        b"alice\nbob".to_vec(),
+        b"alice bob".to_vec(),
+        b"".to_vec(),
+        vec![0, 0xff, b':', b'{'],
+        long_a,
+        long_b,
+    ];
+    for user in &users {
+        let reply = app.get_bytes("/a", user).await;
+        assert_eq!(reply.status, StatusCode::OK, "first request of {user:?}");
+    }
+    for user in &users {
+        let reply = app.get_bytes("/a", user).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "second request of {user:?}");
+        // Each user's budget on another route is untouched.
+        assert_eq!(app.get_bytes("/b", user).await.status, StatusCode::OK);
+    }
+}
+
+pub async fn denied_requests_never_reach_the_inner_service<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let app = App::new(one_route("^/a", [Rule::new().second(3)]), store.await);
+    let mut allowed = 0;
+    for _ in 0..50 {
+        if app.get("/a", "u").await.status == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 3);
+    assert_eq!(app.inner_calls(), 3);
+}
+
+pub async fn identity_errors_are_answered_401<St: Store>(store: impl std::future::Future<Output = St>) {
+    let app = App::new(one_route("^/a", [Rule::new().second(3)]), store.await);
+    let reply = app.send(Method::GET, "/a", None, None).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert!(reply.body.contains("missing x-user"), "{}", reply.body);
+    assert_eq!(app.inner_calls(), 0);
+}
+
+pub async fn concurrent_requests_on_one_budget_are_exact<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let app = App::new(one_route("^/a", [Rule::new().minute(100)]), store.await);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..1000 {
+        let app = app.clone();
+        tasks.spawn(async move { app.get("/a", "hot").await.status });
+    }
+    let mut allowed = 0;
+    let mut denied = 0;
+    while let Some(status) = tasks.join_next().await {
+        match status.unwrap() {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => denied += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!((allowed, denied), (100, 900));
+    assert_eq!(app.inner_calls(), 100);
+}

@@ -1,0 +1,190 @@
+//! Shared test support: an axum app behind the layer, driven in-process.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod conformance;
+#[cfg(feature = "redis")]
+pub mod redis_server;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::Router;
+use http::request::Parts;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_ratelimit::clock::{ManualClock, Timestamp};
+use tower_ratelimit::identity::{Identity, IdentityError};
+use tower_ratelimit::{RateLimitLayer, Rules, Store};
+
+/// The start of every manual clock: a round second, so window edges are
+/// easy to read (2026-01-01T00:00:00Z).
+pub const START: u64 = 1_767_225_600_000_000;
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn number(&self, name: &str) -> u64 {
+        self.header(name)
+            .unwrap_or_else(|| panic!("no {name} header in {self:?}"))
+            .parse()
+            .unwrap()
+    }
+
+    pub fn limited(&self) -> bool {
+        self.headers.contains_key("x-ratelimit-limit")
+    }
+}
+
+/// Identity for tests: user from `x-user` (missing: 401), group from
+/// `x-group` (default "default").
+pub fn header_identity(head: &Parts) -> impl std::future::Future<Output = Result<Identity, IdentityError>> + Send + 'static {
+    // `x-user-hex` carries bytes a header cannot (newlines, NUL, non-UTF-8).
+    let user = match head.headers.get("x-user-hex") {
+        Some(hex) => Some(decode_hex(hex.as_bytes())),
+        None => head.headers.get("x-user").map(|v| v.as_bytes().to_vec()),
+    };
+    let group = head
+        .headers
+        .get("x-group")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    async move {
+        let user = user.ok_or_else(|| IdentityError::new("missing x-user"))?;
+        let identity = Identity::new(user);
+        Ok(match group {
+            Some(g) => identity.with_group(g),
+            None => identity,
+        })
+    }
+}
+
+pub fn decode_hex(hex: &[u8]) -> Vec<u8> {
+    hex.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+        .collect()
+}
+
+pub fn encode_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An axum app that answers 200 "ok" on every path behind the layer, on a
+/// manual clock, counting how often the inner service and the identity
+/// function run.
+#[derive(Clone)]
+pub struct App {
+    pub router: Router,
+    pub clock: ManualClock,
+    pub inner_calls: Arc<AtomicUsize>,
+    pub identity_calls: Arc<AtomicUsize>,
+}
+
+impl App {
+    pub fn new<St: Store>(rules: Rules, store: St) -> Self {
+        Self::with(rules, store, |layer| layer)
+    }
+
+    /// Like [`new`](Self::new), letting the caller adjust the layer.
+    pub fn with<St: Store, F>(rules: Rules, store: St, adjust: F) -> Self
+    where
+        F: FnOnce(
+            RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
+        ) -> RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
+    {
+        let clock = ManualClock::new(Timestamp::from_micros(START));
+        let inner_calls = Arc::new(AtomicUsize::new(0));
+        let identity_calls = Arc::new(AtomicUsize::new(0));
+        let calls = inner_calls.clone();
+        let ids = identity_calls.clone();
+        let layer = adjust(RateLimitLayer::new(rules, store).clock(clock.clone())).identify(
+            move |head: &Parts| {
+                ids.fetch_add(1, Ordering::SeqCst);
+                header_identity(head)
+            },
+        );
+        let router = Router::new()
+            .fallback(move || {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    "ok"
+                }
+            })
+            .layer(layer);
+        Self {
+            router,
+            clock,
+            inner_calls,
+            identity_calls,
+        }
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    pub fn advance_ms(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+    }
+
+    pub async fn send(&self, method: Method, path: &str, user: Option<&[u8]>, group: Option<&str>) -> Reply {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(user) = user {
+            request = request.header("x-user", http::HeaderValue::from_bytes(user).unwrap());
+        }
+        if let Some(group) = group {
+            request = request.header("x-group", group);
+        }
+        self.send_request(request.body(Body::empty()).unwrap()).await
+    }
+
+    /// A GET as a user given as raw bytes (sent hex-encoded).
+    pub async fn get_bytes(&self, path: &str, user: &[u8]) -> Reply {
+        let request = Request::builder()
+            .uri(path)
+            .header("x-user-hex", encode_hex(user))
+            .body(Body::empty())
+            .unwrap();
+        self.send_request(request).await
+    }
+
+    pub async fn send_request(&self, request: Request<Body>) -> Reply {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    pub async fn get(&self, path: &str, user: &str) -> Reply {
+        self.send(Method::GET, path, Some(user.as_bytes()), None).await
+    }
+
+    pub async fn get_as(&self, path: &str, user: &str, group: &str) -> Reply {
+        self.send(Method::GET, path, Some(user.as_bytes()), Some(group)).await
+    }
+
+    pub fn inner_calls(&self) -> usize {
+        self.inner_calls.load(Ordering::SeqCst)
+    }
+
+    pub fn identity_calls(&self) -> usize {
+        self.identity_calls.load(Ordering::SeqCst)
+    }
+}

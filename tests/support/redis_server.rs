@@ -1,0 +1,1 @@
+//! Throwaway redis-server processes for tests.
