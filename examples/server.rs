@@ -1,1 +1,144 @@
-fn main(){}
+//! The demo server: every path answers 200 with a short text, behind the
+//! rate-limit layer.
+//!
+//! ```sh
+//! cargo run --release --example server                       # built-in table, memory store
+//! cargo run --release --example server -- --config examples/ratelimit.toml
+//! cargo run --release --example server -- --redis redis://127.0.0.1:6379
+//! cargo run --release --example server -- --redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001
+//! ```
+//!
+//! Identity: the user is the `x-api-key` header, in the group that the
+//! config's `[groups]` table gives that key (else `default`); without the
+//! header, the user is the client IP, in group `default`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use clap::{Parser, ValueEnum};
+use http::request::Parts;
+use tower_ratelimit::identity::{Identity, IdentityError};
+use tower_ratelimit::store::redis::RedisStore;
+use tower_ratelimit::{Config, FailMode, MemoryStore, RateLimitLayer, Store};
+
+/// The table used without `--config`.
+const DEMO: &str = r#"# API key -> group; other keys are "default"
+[groups]
+"admin-key" = "admin"
+
+[[routes]]
+path = "^/towns"
+rules = [
+  { group = "default", second = 1 },
+  { group = "admin" },
+]
+
+[[routes]]
+path = "^/multiple"
+rules = [{ second = 5, minute = 100, hour = 1000 }]
+"#;
+
+#[derive(Parser, Debug)]
+#[command(about = "tower-ratelimit demo server")]
+struct Args {
+    /// A TOML rule table (default: a built-in demo table, printed at start-up).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Keep budgets in this Redis server instead of in memory.
+    #[arg(long, value_name = "URL", conflicts_with = "redis_cluster")]
+    redis: Option<String>,
+    /// Keep budgets in this Redis Cluster (comma-separated seed nodes).
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
+    redis_cluster: Option<Vec<String>>,
+    /// What to do when the store fails.
+    #[arg(long, value_enum, default_value_t = Mode::Open)]
+    fail_mode: Mode,
+    /// Deadline of one store call, in milliseconds (Redis only).
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    timeout_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Open,
+    Closed,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let text = match &args.config {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+        None => {
+            println!("No --config given; using the built-in demo table:\n\n{DEMO}");
+            DEMO.to_owned()
+        }
+    };
+    let config = Config::from_toml(&text)?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mode = match args.fail_mode {
+        Mode::Open => FailMode::Open,
+        Mode::Closed => FailMode::Closed,
+    };
+    if let Some(url) = &args.redis {
+        let store = RedisStore::builder().url(url).timeout(timeout).build().await?;
+        println!("store: redis {url}");
+        serve(&args, config, store, mode).await
+    } else if let Some(urls) = &args.redis_cluster {
+        let store = RedisStore::builder().cluster(urls.clone()).timeout(timeout).build().await?;
+        println!("store: redis cluster {}", urls.join(","));
+        serve(&args, config, store, mode).await
+    } else {
+        println!("store: memory");
+        serve(&args, config, MemoryStore::new(), mode).await
+    }
+}
+
+async fn serve<St: Store>(
+    args: &Args,
+    config: Config,
+    store: St,
+    mode: FailMode,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let groups = Arc::new(config.groups().clone());
+    let layer = RateLimitLayer::new(config.into_rules(), store)
+        .fail_mode(mode)
+        .identify(move |head: &Parts| std::future::ready(identify(head, &groups)));
+    let app = Router::new()
+        .fallback(|uri: http::Uri| async move { format!("ok {}\n", uri.path()) })
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    Ok(())
+}
+
+fn identify(head: &Parts, groups: &BTreeMap<String, String>) -> Result<Identity, IdentityError> {
+    if let Some(key) = head.headers.get("x-api-key") {
+        let group = key
+            .to_str()
+            .ok()
+            .and_then(|k| groups.get(k))
+            .cloned()
+            .unwrap_or_else(|| "default".to_owned());
+        return Ok(Identity::new(key.as_bytes()).with_group(group));
+    }
+    let peer = head
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .ok_or_else(|| IdentityError::new("no peer address"))?;
+    Ok(Identity::new(peer.0.ip().to_string()))
+}

@@ -143,7 +143,8 @@ where
 /// The peer's IP address, in group `"default"`.
 ///
 /// Read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature;
-/// serve with `into_make_service_with_connect_info::<SocketAddr>()`), or
+/// serve with `into_make_service_with_connect_info::<SocketAddr>()`; in
+/// tests, `MockConnectInfo`), or
 /// from a plain [`SocketAddr`] request extension (insert one in a hyper
 /// service). A request with neither is answered `500`: the server is
 /// misconfigured, and failing loudly beats putting everyone in one budget.
@@ -165,6 +166,13 @@ impl ClientIp {
             .get::<axum::extract::ConnectInfo<SocketAddr>>()
         {
             return Some(info.0);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(mock) = head
+            .extensions
+            .get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
+        {
+            return Some(mock.0);
         }
         head.extensions.get::<SocketAddr>().copied()
     }

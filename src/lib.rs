@@ -52,6 +52,7 @@
 //! part of a key, so braces, colons, newlines or megabyte-long identities
 //! can never reach another user's budget. See [`key`] for the layout.
 
+#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod body;

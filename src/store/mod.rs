@@ -162,6 +162,8 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store answered with an error or an unexpected reply.
     Backend,
+    /// The store was configured wrongly (bad URL, bad key prefix, ...).
+    Config,
 }
 
 /// A store could not decide; the layer then applies its
@@ -201,6 +203,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Timeout => "rate-limit store timed out",
             StoreErrorKind::Unavailable => "rate-limit store unavailable",
             StoreErrorKind::Backend => "rate-limit store failed",
+            StoreErrorKind::Config => "invalid rate-limit store configuration",
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),

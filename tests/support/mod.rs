@@ -105,11 +105,36 @@ impl App {
         ) -> RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
     {
         let clock = ManualClock::new(Timestamp::from_micros(START));
+        Self::build(rules, store, Some(clock), adjust)
+    }
+
+    /// An app whose layer has no injected clock: the store decides on its
+    /// own clock (Redis: the server's `TIME`).
+    pub fn on_store_clock<St: Store, F>(rules: Rules, store: St, adjust: F) -> Self
+    where
+        F: FnOnce(
+            RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
+        ) -> RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
+    {
+        Self::build(rules, store, None, adjust)
+    }
+
+    fn build<St: Store, F>(rules: Rules, store: St, manual: Option<ManualClock>, adjust: F) -> Self
+    where
+        F: FnOnce(
+            RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
+        ) -> RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
+    {
+        let mut layer = RateLimitLayer::new(rules, store);
+        if let Some(clock) = &manual {
+            layer = layer.clock(clock.clone());
+        }
+        let clock = manual.unwrap_or_default();
         let inner_calls = Arc::new(AtomicUsize::new(0));
         let identity_calls = Arc::new(AtomicUsize::new(0));
         let calls = inner_calls.clone();
         let ids = identity_calls.clone();
-        let layer = adjust(RateLimitLayer::new(rules, store).clock(clock.clone())).identify(
+        let layer = adjust(layer).identify(
             move |head: &Parts| {
                 ids.fetch_add(1, Ordering::SeqCst);
                 header_identity(head)

@@ -1,0 +1,174 @@
+//! Building rule tables: the TOML format, and every error it can raise.
+
+use std::time::Duration;
+
+use tower_ratelimit::{Config, ConfigErrorKind, Rule, Rules};
+
+const ISSUE_EXAMPLE: &str = r#"
+[groups]                 # read by the example server: API key -> group; other keys are "default"
+"admin-key" = "admin"
+
+[[routes]]
+path = "^/towns"
+rules = [
+  { group = "default", second = 1 },
+  { group = "admin" },
+]
+
+[[routes]]
+path = "^/multiple"
+rules = [{ second = 5, minute = 100, hour = 1000 }]   # group defaults to "default"
+"#;
+
+#[test]
+fn the_documented_example_loads() {
+    let config = Config::from_toml(ISSUE_EXAMPLE).unwrap();
+    assert_eq!(config.groups().get("admin-key").map(String::as_str), Some("admin"));
+    assert_eq!(config.rules().len(), 2);
+}
+
+#[test]
+fn every_rule_field_loads() {
+    let rules = Rules::from_toml(
+        r#"
+        [[routes]]
+        path = "^/all"
+        rules = [
+          { group = "a", method = "post", day = 10, month = 100, zone = "z", algorithm = "sliding-log" },
+          { group = "a", windows = [{ seconds = 10, limit = 5 }, { millis = 250, limit = 1 }] },
+        ]
+        "#,
+    )
+    .unwrap();
+    assert_eq!(rules.len(), 1);
+}
+
+fn error(text: &str) -> tower_ratelimit::ConfigError {
+    Config::from_toml(text).unwrap_err()
+}
+
+#[test]
+fn unknown_fields_are_rejected_and_named() {
+    let err = error(
+        r#"
+        [[routes]]
+        path = "^/a"
+        rules = [{ secnd = 1 }]
+        "#,
+    );
+    assert!(matches!(err.kind(), ConfigErrorKind::Parse(_)));
+    let text = err.to_string();
+    assert!(text.contains("secnd") && text.contains("line 4"), "{text}");
+
+    let err = error("[[routes]]\npath = \"^/a\"\nlimit = 3\n");
+    assert!(err.to_string().contains("limit"), "{err}");
+    let err = error("rutes = []\n");
+    assert!(err.to_string().contains("rutes"), "{err}");
+}
+
+#[test]
+fn invalid_regex_names_the_route() {
+    let err = error("[[routes]]\npath = \"^/ok\"\n[[routes]]\npath = \"^/bad(\"\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidRegex(_)));
+    assert_eq!(err.route(), Some((1, "^/bad(")));
+    assert!(err.to_string().contains("route #1 `^/bad(`"), "{err}");
+}
+
+#[test]
+fn zero_and_negative_limits_name_route_rule_and_field() {
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ group = \"g\", minute = 0 }]\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(0)));
+    assert_eq!(err.route(), Some((0, "^/a")));
+    assert_eq!(err.rule(), Some((0, "g")));
+    assert_eq!(err.field(), Some("minute"));
+    assert!(err.to_string().contains("field `minute`"), "{err}");
+
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ second = -3 }]\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(-3)));
+
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ windows = [{ seconds = 5, limit = 0 }] }]\n");
+    assert_eq!(err.field(), Some("windows[0]"));
+
+    let err = Rules::builder().route("^/a", [Rule::new().hour(0)]).build().unwrap_err();
+    assert_eq!(err.field(), Some("hour"));
+}
+
+#[test]
+fn limits_beyond_u32_are_rejected() {
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ second = 5000000000 }]\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(5_000_000_000)));
+}
+
+#[test]
+fn duplicate_windows_are_rejected() {
+    let err = error(
+        "[[routes]]\npath = \"^/a\"\nrules = [{ second = 1, windows = [{ seconds = 1, limit = 5 }] }]\n",
+    );
+    assert!(matches!(err.kind(), ConfigErrorKind::DuplicateWindow));
+    assert_eq!(err.field(), Some("windows[0]"));
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().minute(5).per(Duration::from_secs(60), 3)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::DuplicateWindow));
+}
+
+#[test]
+fn bad_window_durations_are_rejected() {
+    for window in ["{ seconds = 0, limit = 1 }", "{ limit = 1 }", "{ seconds = 1, millis = 5, limit = 1 }"] {
+        let err = error(&format!("[[routes]]\npath = \"^/a\"\nrules = [{{ windows = [{window}] }}]\n"));
+        assert!(matches!(err.kind(), ConfigErrorKind::InvalidDuration), "{window}: {err}");
+    }
+}
+
+#[test]
+fn unreachable_rules_are_rejected() {
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().second(1), Rule::new().second(2)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::UnreachableRule));
+    assert_eq!(err.rule(), Some((1, "default")));
+    // A method-specific rule after a catch-all one for the same group.
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().second(1), Rule::new().method("POST").second(2)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::UnreachableRule));
+    // The other order is fine, and so are other groups.
+    Rules::builder()
+        .route("^/a", [Rule::new().method("POST").second(1), Rule::new().second(2), Rule::group("x")])
+        .build()
+        .unwrap();
+}
+
+#[test]
+fn bad_methods_and_empty_names_are_rejected() {
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().method("GE T").second(1)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidMethod));
+    assert_eq!(err.field(), Some("method"));
+    let err = Rules::builder().route("^/a", [Rule::group("")]).build().unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::EmptyName));
+    let err = Rules::builder().route("^/a", [Rule::new().zone("").second(1)]).build().unwrap_err();
+    assert_eq!(err.field(), Some("zone"));
+}
+
+#[test]
+fn too_many_windows_are_rejected() {
+    let mut rule = Rule::new();
+    for s in 1..=9 {
+        rule = rule.per(Duration::from_secs(s), 10);
+    }
+    let err = Rules::builder().route("^/a", [rule]).build().unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::TooManyWindows));
+}
+
+#[test]
+fn malformed_toml_is_an_error_not_a_panic() {
+    for text in ["[[routes]", "routes = 5", "[[routes]]\npath = 3", "\u{0}", "[[routes]]\nrules = []"] {
+        assert!(Config::from_toml(text).is_err(), "{text:?}");
+    }
+}

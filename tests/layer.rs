@@ -1,0 +1,176 @@
+//! Layer behaviour that does not depend on the store: failure modes,
+//! custom responses, built-in identities.
+
+mod support;
+
+use std::future::{ready, Ready};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use support::App;
+use tower::ServiceExt;
+use tower_ratelimit::identity::{Global, HeaderValue};
+use tower_ratelimit::{
+    Check, Decision, FailMode, MemoryStore, RateLimitLayer, Rule, Rules, Store, StoreError,
+    StoreErrorKind,
+};
+
+/// A store that always fails, counting its calls.
+#[derive(Clone, Default)]
+struct BrokenStore {
+    calls: Arc<AtomicUsize>,
+}
+
+impl Store for BrokenStore {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, _check: Check) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        ready(Err(StoreError::new(StoreErrorKind::Unavailable, "connection refused")))
+    }
+}
+
+fn rules() -> Rules {
+    Rules::builder().route("^/a", [Rule::new().second(1)]).build().unwrap()
+}
+
+#[tokio::test]
+async fn fail_open_lets_requests_through_without_headers() {
+    let store = BrokenStore::default();
+    let app = App::new(rules(), store.clone());
+    for _ in 0..3 {
+        let reply = app.get("/a", "u").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(!reply.limited());
+    }
+    assert_eq!(store.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(app.inner_calls(), 3);
+}
+
+#[tokio::test]
+async fn fail_closed_answers_503_with_retry_after() {
+    let app = App::with(rules(), BrokenStore::default(), |l| l.fail_mode(FailMode::Closed));
+    let reply = app.get("/a", "u").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(app.inner_calls(), 0);
+}
+
+#[tokio::test]
+async fn on_blocked_builds_the_denial_and_headers_are_still_added() {
+    let app = App::with(rules(), MemoryStore::new(), |l| {
+        l.on_blocked(|decision: &Decision| {
+            let wait = decision.retry_after().unwrap().as_millis();
+            let mut response = Response::new(Bytes::from(format!("wait {wait} ms")));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        })
+    });
+    app.get("/a", "u").await;
+    app.advance_ms(250);
+    let reply = app.get("/a", "u").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body, "wait 750 ms");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(app.inner_calls(), 1);
+}
+
+#[tokio::test]
+async fn on_identity_error_builds_the_response() {
+    let app = App::with(rules(), MemoryStore::new(), |l| {
+        l.on_identity_error(|e| {
+            let mut response = Response::new(Bytes::from(format!("who are you? {e}")));
+            *response.status_mut() = StatusCode::FORBIDDEN;
+            response
+        })
+    });
+    let reply = app.send(http::Method::GET, "/a", None, None).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.body, "who are you? missing x-user");
+}
+
+async fn status(router: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    (status, response.into_body().collect().await.unwrap().to_bytes())
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::builder().uri(path).body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn client_ip_reads_axum_connect_info() {
+    let shared = MemoryStore::new();
+    let router = |ip: [u8; 4]| {
+        Router::new()
+            .fallback(|| async { "ok" })
+            .layer(RateLimitLayer::new(rules(), shared.clone()))
+            .layer(MockConnectInfo(SocketAddr::from((ip, 4000))))
+    };
+    let a = router([10, 0, 0, 1]);
+    let b = router([10, 0, 0, 2]);
+    assert_eq!(status(&a, get("/a")).await.0, StatusCode::OK);
+    assert_eq!(status(&a, get("/a")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&b, get("/a")).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn client_ip_without_connect_info_is_a_server_error() {
+    let router = Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(rules(), MemoryStore::new()));
+    let (status, body) = status(&router, get("/a")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(std::str::from_utf8(&body).unwrap().contains("ConnectInfo"));
+}
+
+#[tokio::test]
+async fn header_identity_and_global_identity() {
+    let by_key = Router::new().fallback(|| async { "ok" }).layer(
+        RateLimitLayer::new(rules(), MemoryStore::new())
+            .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key"))),
+    );
+    let with_key = |k: &str| Request::builder().uri("/a").header("x-api-key", k).body(Body::empty()).unwrap();
+    assert_eq!(status(&by_key, with_key("k1")).await.0, StatusCode::OK);
+    assert_eq!(status(&by_key, with_key("k1")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&by_key, with_key("k2")).await.0, StatusCode::OK);
+    assert_eq!(status(&by_key, get("/a")).await.0, StatusCode::UNAUTHORIZED);
+
+    let global = Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(rules(), MemoryStore::new()).identify(Global));
+    assert_eq!(status(&global, with_key("k1")).await.0, StatusCode::OK);
+    assert_eq!(status(&global, with_key("k2")).await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// The layer works with plain tower services, no axum involved.
+#[tokio::test]
+async fn works_on_a_plain_tower_service() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let inner = tower::service_fn(move |_req: Request<String>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        ready(Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+            Bytes::from_static(b"plain"),
+        ))))
+    });
+    let service = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(rules(), MemoryStore::new()).identify(Global))
+        .service(inner);
+    let first = service.clone().oneshot(Request::builder().uri("/a").body(String::new()).unwrap()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "plain");
+    let second = service.oneshot(Request::builder().uri("/a").body(String::new()).unwrap()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -1,0 +1,349 @@
+//! The Redis store against real `redis-server` processes started by the
+//! tests (a standalone server and a 3-master cluster on free ports): the
+//! conformance suite on every connection shape, then what only Redis has:
+//! one shared budget across replicas, state in Redis, scripts, failures.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::redis_server::{cli, shared, unique_prefix, RedisServer};
+use support::App;
+use tower_ratelimit::store::redis::RedisStore;
+use tower_ratelimit::{FailMode, Rule, Rules};
+
+/// Generous: the conformance suite checks decisions, not latency, on a
+/// 2-core machine that may be busy.
+const TEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn standalone() -> RedisStore {
+    RedisStore::builder()
+        .url(&shared().standalone)
+        .prefix(unique_prefix())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn cluster() -> RedisStore {
+    RedisStore::builder()
+        .cluster(shared().cluster.clone())
+        .prefix(unique_prefix())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn pool() -> RedisStore {
+    let pool = deadpool_redis::Config::from_url(&shared().standalone)
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    RedisStore::builder()
+        .pool(pool)
+        .prefix(unique_prefix())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn cluster_pool() -> RedisStore {
+    let pool = deadpool_redis::cluster::Config::from_urls(shared().cluster.clone())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    RedisStore::builder()
+        .cluster_pool(pool)
+        .prefix(unique_prefix())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap()
+}
+
+mod on_standalone {
+    crate::conformance_suite!(super::standalone());
+}
+
+mod on_cluster {
+    crate::conformance_suite!(super::cluster());
+}
+
+mod on_pool {
+    crate::conformance_suite!(super::pool());
+}
+
+mod on_cluster_pool {
+    crate::conformance_suite!(super::cluster_pool());
+}
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// Every key under `prefix` on a standalone server.
+fn keys(port: u16, prefix: &str) -> Vec<String> {
+    let out = cli(port, &["--scan", "--pattern", &format!("{prefix}:*")]);
+    out.lines().map(str::to_owned).filter(|l| !l.is_empty()).collect()
+}
+
+fn one_route(rule: Rule) -> Rules {
+    Rules::builder().route("^/a", [rule]).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_one_exact_budget() {
+    // Four replicas, each with its own connection, sharing one Redis.
+    let prefix = unique_prefix();
+    let mut replicas = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::builder()
+            .url(&shared().standalone)
+            .prefix(&prefix)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        replicas.push(App::on_store_clock(one_route(Rule::new().minute(100)), store, |l| l));
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..2000 {
+        let app = replicas[i % 4].clone();
+        tasks.spawn(async move { app.get("/a", "shared-user").await.status });
+    }
+    let mut allowed = 0;
+    while let Some(status) = tasks.join_next().await {
+        match status.unwrap() {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(allowed, 100);
+    let inner: usize = replicas.iter().map(App::inner_calls).sum();
+    assert_eq!(inner, 100);
+}
+
+#[tokio::test]
+async fn denied_requests_write_nothing_in_redis() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = RedisStore::builder()
+        .url(&shared().standalone)
+        .prefix(&prefix)
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(2).minute(3).hour(100)), store);
+    app.get("/a", "u").await;
+    app.get("/a", "u").await;
+    for _ in 0..10 {
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let keys = keys(port, &prefix);
+    assert_eq!(keys.len(), 1, "one sorted set per budget: {keys:?}");
+    let key = &keys[0];
+    assert!(key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:l"), "{key}");
+    // Only the two allowed requests are recorded, in every window.
+    assert_eq!(cli(port, &["zcard", key]), "2");
+    app.advance_ms(1500);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    for _ in 0..10 {
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(cli(port, &["zcard", key]), "3");
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = RedisStore::builder()
+        .url(&shared().standalone)
+        .prefix(&prefix)
+        .build()
+        .await
+        .unwrap();
+    let rules = Rules::builder()
+        .route("^/a", [Rule::new().second(2).minute(5)])
+        .route("^/b", [Rule::new().per(Duration::from_millis(1500), 1)])
+        .build()
+        .unwrap();
+    let app = App::on_store_clock(rules, store, |l| l);
+    for user in 0..20 {
+        for path in ["/a", "/b"] {
+            for _ in 0..3 {
+                app.get(path, &format!("user{user}")).await;
+            }
+        }
+    }
+    let keys = keys(port, &prefix);
+    assert_eq!(keys.len(), 40);
+    for key in keys {
+        let ttl: i64 = cli(port, &["pttl", &key]).parse().unwrap();
+        // Alive until the newest entry leaves the longest window.
+        assert!(ttl > 0 && ttl <= 60_001, "{key}: pttl {ttl}");
+    }
+}
+
+#[tokio::test]
+async fn scores_come_from_the_server_clock() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = RedisStore::builder()
+        .url(&shared().standalone)
+        .prefix(&prefix)
+        .build()
+        .await
+        .unwrap();
+    // Two replicas: neither injects a clock, so whatever their own clocks
+    // say, both decide on the server's TIME and agree exactly.
+    let a = App::on_store_clock(one_route(Rule::new().per(Duration::from_secs(30), 3)), store.clone(), |l| l);
+    let b = App::on_store_clock(one_route(Rule::new().per(Duration::from_secs(30), 3)), store, |l| l);
+    assert_eq!(a.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(b.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(a.get("/a", "u").await.status, StatusCode::OK);
+    let denied_b = b.get("/a", "u").await;
+    let denied_a = a.get("/a", "u").await;
+    assert_eq!(denied_b.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied_a.header("retry-after"), denied_b.header("retry-after"));
+    let time = cli(port, &["time"]);
+    let mut parts = time.lines();
+    let secs: i64 = parts.next().unwrap().parse().unwrap();
+    let key = &keys(port, &prefix)[0];
+    let first = cli(port, &["zrange", key, "0", "0"]);
+    let first: i64 = first.parse().unwrap();
+    assert!((secs * 1_000_000 - first).abs() < 5_000_000, "score {first} vs server time {secs}");
+}
+
+#[tokio::test]
+async fn script_flush_is_recovered_from() {
+    for (store, ports) in [
+        (standalone().await, vec![port_of(&shared().standalone)]),
+        (cluster().await, shared().cluster.iter().map(|u| port_of(u)).collect()),
+    ] {
+        let app = App::new(one_route(Rule::new().second(2)), store);
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        for port in &ports {
+            assert_eq!(cli(*port, &["script", "flush"]), "OK");
+        }
+        // NOSCRIPT: loaded again and retried, with the same budget.
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+        for user in 0..20 {
+            assert_eq!(app.get("/a", &format!("other{user}")).await.status, StatusCode::OK);
+        }
+    }
+}
+
+#[tokio::test]
+async fn killed_redis_fails_open_or_closed_within_the_deadline() {
+    let deadline = Duration::from_millis(50);
+    for mode in [FailMode::Open, FailMode::Closed] {
+        let mut server = RedisServer::start();
+        let store = RedisStore::builder()
+            .url(server.url())
+            .timeout(deadline)
+            .build()
+            .await
+            .unwrap();
+        let app = App::with(one_route(Rule::new().second(1)), store, |l| l.fail_mode(mode));
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+        server.kill();
+        for _ in 0..20 {
+            let started = Instant::now();
+            let reply = app.get("/a", "u").await;
+            let took = started.elapsed();
+            match mode {
+                FailMode::Open => {
+                    assert_eq!(reply.status, StatusCode::OK);
+                    assert!(!reply.limited());
+                }
+                _ => assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE),
+            }
+            // The deadline, plus scheduling slack on a busy machine.
+            assert!(took < deadline + Duration::from_millis(150), "{mode:?} took {took:?}");
+        }
+        // Restarted: limiting resumes by itself (the budget is gone with
+        // the data, so the first request is allowed again).
+        server.restart();
+        let resumed = Instant::now();
+        loop {
+            let reply = app.get("/a", "v").await;
+            if reply.limited() {
+                assert_eq!(reply.status, StatusCode::OK);
+                break;
+            }
+            assert!(resumed.elapsed() < Duration::from_secs(3), "limiting did not resume");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(resumed.elapsed() < Duration::from_millis(1500), "resumed after {:?}", resumed.elapsed());
+        assert_eq!(app.get("/a", "v").await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+}
+
+#[tokio::test]
+async fn paused_redis_cannot_stall_requests() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(50);
+    let store = RedisStore::builder().url(server.url()).timeout(deadline).build().await.unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(server.cli(&["client", "pause", "1500", "all"]), "OK");
+    let started = Instant::now();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let reply = app.get("/a", "u").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(!reply.limited());
+        assert!(t.elapsed() < deadline + Duration::from_millis(150), "took {:?}", t.elapsed());
+    }
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    // Once the pause ends, limiting resumes.
+    let resumed = Instant::now();
+    loop {
+        let reply = app.get("/a", "w").await;
+        if reply.limited() {
+            break;
+        }
+        assert!(resumed.elapsed() < Duration::from_secs(4), "limiting did not resume");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(app.get("/a", "w").await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn unreachable_redis_at_start_up_is_not_fatal() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let store = RedisStore::builder()
+        .url(&url)
+        .timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert!(!app.get("/a", "u").await.limited());
+    server.restart();
+    let started = Instant::now();
+    while !app.get("/a", "u").await.limited() {
+        assert!(started.elapsed() < Duration::from_secs(3), "never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_configuration_is_an_error() {
+    let e = RedisStore::builder().url("not a url").build().await.unwrap_err();
+    assert!(e.to_string().contains("invalid redis url"), "{e}");
+    let e = RedisStore::builder().url("redis://127.0.0.1:1").prefix("a{b}").build().await.unwrap_err();
+    assert!(e.to_string().contains("prefix"), "{e}");
+    let e = RedisStore::builder().build().await.unwrap_err();
+    assert!(e.to_string().contains("no redis"), "{e}");
+}
