@@ -94,11 +94,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Mode::Closed => FailMode::Closed,
     };
     if let Some(url) = &args.redis {
-        let store = RedisStore::builder().url(url).timeout(timeout).build().await?;
+        let store = RedisStore::builder()
+            .url(url)
+            .timeout(timeout)
+            .build()
+            .await?;
         println!("store: redis {url}");
         serve(&args, config, store, mode).await
     } else if let Some(urls) = &args.redis_cluster {
-        let store = RedisStore::builder().cluster(urls.clone()).timeout(timeout).build().await?;
+        let store = RedisStore::builder()
+            .cluster(urls.clone())
+            .timeout(timeout)
+            .build()
+            .await?;
         println!("store: redis cluster {}", urls.join(","));
         serve(&args, config, store, mode).await
     } else {
@@ -122,7 +130,11 @@ async fn serve<St: Store>(
         .layer(layer);
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }
 

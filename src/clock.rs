@@ -38,7 +38,7 @@ impl Timestamp {
 
     /// This timestamp moved `by` later (saturating).
     #[must_use]
-    pub fn add(self, by: Duration) -> Self {
+    pub fn saturating_add(self, by: Duration) -> Self {
         Self(self.0.saturating_add(duration_micros(by)))
     }
 }
@@ -89,8 +89,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        self.micros
-            .fetch_add(duration_micros(by), Ordering::SeqCst);
+        self.micros.fetch_add(duration_micros(by), Ordering::SeqCst);
     }
 
     /// Sets the clock to `to` (it may move backwards).

@@ -226,7 +226,10 @@ impl Identify for HeaderValue {
     fn identify(&self, head: &Parts) -> Self::Future {
         ready(match head.headers.get(&self.name) {
             Some(value) => Ok(Identity::new(value.as_bytes())),
-            None => Err(IdentityError::new(format!("missing `{}` header", self.name))),
+            None => Err(IdentityError::new(format!(
+                "missing `{}` header",
+                self.name
+            ))),
         })
     }
 }

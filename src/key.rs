@@ -65,7 +65,10 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
 
 /// `<policy>:<encoded user>`, allocated once at its final size.
 pub(crate) fn budget_key(policy: &str, user: &[u8]) -> String {
-    let user_len = encoded_len(user).min(MAX_ENCODED + 1).max(33);
+    let user_len = match encoded_len(user) {
+        n if n > MAX_ENCODED => 33,
+        n => n,
+    };
     let mut out = String::with_capacity(policy.len() + 1 + user_len);
     out.push_str(policy);
     out.push(':');

@@ -53,6 +53,8 @@
 //! can never reach another user's budget. See [`key`] for the layout.
 
 #![forbid(unsafe_code)]
+// Nothing on a request path may panic; tests may unwrap.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod body;

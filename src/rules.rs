@@ -314,7 +314,10 @@ impl Rules {
                 return None;
             }
             Some(Candidates::Many(
-                matches.iter().filter_map(|i| u32::try_from(i).ok()).collect(),
+                matches
+                    .iter()
+                    .filter_map(|i| u32::try_from(i).ok())
+                    .collect(),
             ))
         }
     }
@@ -329,9 +332,10 @@ impl Rules {
     ) -> Option<&CompiledRule> {
         let pick = |i: usize| {
             self.inner.routes.get(i).and_then(|route| {
-                route.rules.iter().find(|r| {
-                    &*r.group == group && r.method.as_ref().is_none_or(|m| m == method)
-                })
+                route
+                    .rules
+                    .iter()
+                    .find(|r| &*r.group == group && r.method.as_ref().is_none_or(|m| m == method))
             })
         };
         match candidates {
@@ -361,8 +365,13 @@ pub struct RulesBuilder {
 impl RulesBuilder {
     /// Adds a route: a regular expression over the request path and its
     /// rules. Routes are tried in the order they are added.
-    pub fn route(mut self, pattern: impl Into<String>, rules: impl IntoIterator<Item = Rule>) -> Self {
-        self.routes.push((pattern.into(), rules.into_iter().collect()));
+    pub fn route(
+        mut self,
+        pattern: impl Into<String>,
+        rules: impl IntoIterator<Item = Rule>,
+    ) -> Self {
+        self.routes
+            .push((pattern.into(), rules.into_iter().collect()));
         self
     }
 
@@ -396,9 +405,8 @@ impl RulesBuilder {
                 rules: compiled.into_boxed_slice(),
             });
         }
-        let set = RegexSet::new(self.routes.iter().map(|(p, _)| p.as_str())).map_err(|e| {
-            ConfigError::new(Location::default(), ConfigErrorKind::InvalidRegex(e))
-        })?;
+        let set = RegexSet::new(self.routes.iter().map(|(p, _)| p.as_str()))
+            .map_err(|e| ConfigError::new(Location::default(), ConfigErrorKind::InvalidRegex(e)))?;
         Ok(Rules {
             inner: Arc::new(RulesInner {
                 set,
@@ -517,7 +525,11 @@ impl Config {
         })?;
         let mut builder = Rules::builder();
         for route in raw.routes {
-            let rules = route.rules.into_iter().map(RawRule::into_rule).collect::<Vec<_>>();
+            let rules = route
+                .rules
+                .into_iter()
+                .map(RawRule::into_rule)
+                .collect::<Vec<_>>();
             builder = builder.route(route.path, rules);
         }
         Ok(Self {

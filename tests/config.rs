@@ -23,7 +23,10 @@ rules = [{ second = 5, minute = 100, hour = 1000 }]   # group defaults to "defau
 #[test]
 fn the_documented_example_loads() {
     let config = Config::from_toml(ISSUE_EXAMPLE).unwrap();
-    assert_eq!(config.groups().get("admin-key").map(String::as_str), Some("admin"));
+    assert_eq!(
+        config.groups().get("admin-key").map(String::as_str),
+        Some("admin")
+    );
     assert_eq!(config.rules().len(), 2);
 }
 
@@ -86,17 +89,24 @@ fn zero_and_negative_limits_name_route_rule_and_field() {
     let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ second = -3 }]\n");
     assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(-3)));
 
-    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ windows = [{ seconds = 5, limit = 0 }] }]\n");
+    let err =
+        error("[[routes]]\npath = \"^/a\"\nrules = [{ windows = [{ seconds = 5, limit = 0 }] }]\n");
     assert_eq!(err.field(), Some("windows[0]"));
 
-    let err = Rules::builder().route("^/a", [Rule::new().hour(0)]).build().unwrap_err();
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().hour(0)])
+        .build()
+        .unwrap_err();
     assert_eq!(err.field(), Some("hour"));
 }
 
 #[test]
 fn limits_beyond_u32_are_rejected() {
     let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ second = 5000000000 }]\n");
-    assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(5_000_000_000)));
+    assert!(matches!(
+        err.kind(),
+        ConfigErrorKind::InvalidLimit(5_000_000_000)
+    ));
 }
 
 #[test]
@@ -107,7 +117,10 @@ fn duplicate_windows_are_rejected() {
     assert!(matches!(err.kind(), ConfigErrorKind::DuplicateWindow));
     assert_eq!(err.field(), Some("windows[0]"));
     let err = Rules::builder()
-        .route("^/a", [Rule::new().minute(5).per(Duration::from_secs(60), 3)])
+        .route(
+            "^/a",
+            [Rule::new().minute(5).per(Duration::from_secs(60), 3)],
+        )
         .build()
         .unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::DuplicateWindow));
@@ -115,9 +128,18 @@ fn duplicate_windows_are_rejected() {
 
 #[test]
 fn bad_window_durations_are_rejected() {
-    for window in ["{ seconds = 0, limit = 1 }", "{ limit = 1 }", "{ seconds = 1, millis = 5, limit = 1 }"] {
-        let err = error(&format!("[[routes]]\npath = \"^/a\"\nrules = [{{ windows = [{window}] }}]\n"));
-        assert!(matches!(err.kind(), ConfigErrorKind::InvalidDuration), "{window}: {err}");
+    for window in [
+        "{ seconds = 0, limit = 1 }",
+        "{ limit = 1 }",
+        "{ seconds = 1, millis = 5, limit = 1 }",
+    ] {
+        let err = error(&format!(
+            "[[routes]]\npath = \"^/a\"\nrules = [{{ windows = [{window}] }}]\n"
+        ));
+        assert!(
+            matches!(err.kind(), ConfigErrorKind::InvalidDuration),
+            "{window}: {err}"
+        );
     }
 }
 
@@ -131,13 +153,23 @@ fn unreachable_rules_are_rejected() {
     assert_eq!(err.rule(), Some((1, "default")));
     // A method-specific rule after a catch-all one for the same group.
     let err = Rules::builder()
-        .route("^/a", [Rule::new().second(1), Rule::new().method("POST").second(2)])
+        .route(
+            "^/a",
+            [Rule::new().second(1), Rule::new().method("POST").second(2)],
+        )
         .build()
         .unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::UnreachableRule));
     // The other order is fine, and so are other groups.
     Rules::builder()
-        .route("^/a", [Rule::new().method("POST").second(1), Rule::new().second(2), Rule::group("x")])
+        .route(
+            "^/a",
+            [
+                Rule::new().method("POST").second(1),
+                Rule::new().second(2),
+                Rule::group("x"),
+            ],
+        )
         .build()
         .unwrap();
 }
@@ -150,9 +182,15 @@ fn bad_methods_and_empty_names_are_rejected() {
         .unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::InvalidMethod));
     assert_eq!(err.field(), Some("method"));
-    let err = Rules::builder().route("^/a", [Rule::group("")]).build().unwrap_err();
+    let err = Rules::builder()
+        .route("^/a", [Rule::group("")])
+        .build()
+        .unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::EmptyName));
-    let err = Rules::builder().route("^/a", [Rule::new().zone("").second(1)]).build().unwrap_err();
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().zone("").second(1)])
+        .build()
+        .unwrap_err();
     assert_eq!(err.field(), Some("zone"));
 }
 
@@ -168,7 +206,13 @@ fn too_many_windows_are_rejected() {
 
 #[test]
 fn malformed_toml_is_an_error_not_a_panic() {
-    for text in ["[[routes]", "routes = 5", "[[routes]]\npath = 3", "\u{0}", "[[routes]]\nrules = []"] {
+    for text in [
+        "[[routes]",
+        "routes = 5",
+        "[[routes]]\npath = 3",
+        "\u{0}",
+        "[[routes]]\nrules = []",
+    ] {
         assert!(Config::from_toml(text).is_err(), "{text:?}");
     }
 }

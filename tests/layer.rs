@@ -33,12 +33,18 @@ impl Store for BrokenStore {
 
     fn check(&self, _check: Check) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        ready(Err(StoreError::new(StoreErrorKind::Unavailable, "connection refused")))
+        ready(Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        )))
     }
 }
 
 fn rules() -> Rules {
-    Rules::builder().route("^/a", [Rule::new().second(1)]).build().unwrap()
+    Rules::builder()
+        .route("^/a", [Rule::new().second(1)])
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -56,11 +62,16 @@ async fn fail_open_lets_requests_through_without_headers() {
 
 #[tokio::test]
 async fn fail_closed_answers_503_with_retry_after() {
-    let app = App::with(rules(), BrokenStore::default(), |l| l.fail_mode(FailMode::Closed));
+    let app = App::with(rules(), BrokenStore::default(), |l| {
+        l.fail_mode(FailMode::Closed)
+    });
     let reply = app.get("/a", "u").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.header("retry-after"), Some("1"));
-    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(app.inner_calls(), 0);
 }
 
@@ -101,7 +112,10 @@ async fn on_identity_error_builds_the_response() {
 async fn status(router: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
     let response = router.clone().oneshot(request).await.unwrap();
     let status = response.status();
-    (status, response.into_body().collect().await.unwrap().to_bytes())
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
 }
 
 fn get(path: &str) -> Request<Body> {
@@ -140,9 +154,18 @@ async fn header_identity_and_global_identity() {
         RateLimitLayer::new(rules(), MemoryStore::new())
             .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key"))),
     );
-    let with_key = |k: &str| Request::builder().uri("/a").header("x-api-key", k).body(Body::empty()).unwrap();
+    let with_key = |k: &str| {
+        Request::builder()
+            .uri("/a")
+            .header("x-api-key", k)
+            .body(Body::empty())
+            .unwrap()
+    };
     assert_eq!(status(&by_key, with_key("k1")).await.0, StatusCode::OK);
-    assert_eq!(status(&by_key, with_key("k1")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&by_key, with_key("k1")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(status(&by_key, with_key("k2")).await.0, StatusCode::OK);
     assert_eq!(status(&by_key, get("/a")).await.0, StatusCode::UNAUTHORIZED);
 
@@ -150,7 +173,10 @@ async fn header_identity_and_global_identity() {
         .fallback(|| async { "ok" })
         .layer(RateLimitLayer::new(rules(), MemoryStore::new()).identify(Global));
     assert_eq!(status(&global, with_key("k1")).await.0, StatusCode::OK);
-    assert_eq!(status(&global, with_key("k2")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&global, with_key("k2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 /// The layer works with plain tower services, no axum involved.
@@ -160,17 +186,27 @@ async fn works_on_a_plain_tower_service() {
     let counter = calls.clone();
     let inner = tower::service_fn(move |_req: Request<String>| {
         counter.fetch_add(1, Ordering::SeqCst);
-        ready(Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
-            Bytes::from_static(b"plain"),
-        ))))
+        ready(Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Full::new(Bytes::from_static(b"plain")),
+        )))
     });
     let service = tower::ServiceBuilder::new()
         .layer(RateLimitLayer::new(rules(), MemoryStore::new()).identify(Global))
         .service(inner);
-    let first = service.clone().oneshot(Request::builder().uri("/a").body(String::new()).unwrap()).await.unwrap();
+    let first = service
+        .clone()
+        .oneshot(Request::builder().uri("/a").body(String::new()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(first.status(), StatusCode::OK);
-    assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "plain");
-    let second = service.oneshot(Request::builder().uri("/a").body(String::new()).unwrap()).await.unwrap();
+    assert_eq!(
+        first.into_body().collect().await.unwrap().to_bytes(),
+        "plain"
+    );
+    let second = service
+        .oneshot(Request::builder().uri("/a").body(String::new()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

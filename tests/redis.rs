@@ -86,7 +86,10 @@ fn port_of(url: &str) -> u16 {
 /// Every key under `prefix` on a standalone server.
 fn keys(port: u16, prefix: &str) -> Vec<String> {
     let out = cli(port, &["--scan", "--pattern", &format!("{prefix}:*")]);
-    out.lines().map(str::to_owned).filter(|l| !l.is_empty()).collect()
+    out.lines()
+        .map(str::to_owned)
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 fn one_route(rule: Rule) -> Rules {
@@ -106,7 +109,11 @@ async fn replicas_share_one_exact_budget() {
             .build()
             .await
             .unwrap();
-        replicas.push(App::on_store_clock(one_route(Rule::new().minute(100)), store, |l| l));
+        replicas.push(App::on_store_clock(
+            one_route(Rule::new().minute(100)),
+            store,
+            |l| l,
+        ));
     }
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..2000 {
@@ -141,18 +148,27 @@ async fn denied_requests_write_nothing_in_redis() {
     app.get("/a", "u").await;
     app.get("/a", "u").await;
     for _ in 0..10 {
-        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
     let keys = keys(port, &prefix);
     assert_eq!(keys.len(), 1, "one sorted set per budget: {keys:?}");
     let key = &keys[0];
-    assert!(key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:l"), "{key}");
+    assert!(
+        key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:l"),
+        "{key}"
+    );
     // Only the two allowed requests are recorded, in every window.
     assert_eq!(cli(port, &["zcard", key]), "2");
     app.advance_ms(1500);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     for _ in 0..10 {
-        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
     assert_eq!(cli(port, &["zcard", key]), "3");
 }
@@ -201,29 +217,46 @@ async fn scores_come_from_the_server_clock() {
         .unwrap();
     // Two replicas: neither injects a clock, so whatever their own clocks
     // say, both decide on the server's TIME and agree exactly.
-    let a = App::on_store_clock(one_route(Rule::new().per(Duration::from_secs(30), 3)), store.clone(), |l| l);
-    let b = App::on_store_clock(one_route(Rule::new().per(Duration::from_secs(30), 3)), store, |l| l);
+    let a = App::on_store_clock(
+        one_route(Rule::new().per(Duration::from_secs(30), 3)),
+        store.clone(),
+        |l| l,
+    );
+    let b = App::on_store_clock(
+        one_route(Rule::new().per(Duration::from_secs(30), 3)),
+        store,
+        |l| l,
+    );
     assert_eq!(a.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(b.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(a.get("/a", "u").await.status, StatusCode::OK);
     let denied_b = b.get("/a", "u").await;
     let denied_a = a.get("/a", "u").await;
     assert_eq!(denied_b.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(denied_a.header("retry-after"), denied_b.header("retry-after"));
+    assert_eq!(
+        denied_a.header("retry-after"),
+        denied_b.header("retry-after")
+    );
     let time = cli(port, &["time"]);
     let mut parts = time.lines();
     let secs: i64 = parts.next().unwrap().parse().unwrap();
     let key = &keys(port, &prefix)[0];
     let first = cli(port, &["zrange", key, "0", "0"]);
     let first: i64 = first.parse().unwrap();
-    assert!((secs * 1_000_000 - first).abs() < 5_000_000, "score {first} vs server time {secs}");
+    assert!(
+        (secs * 1_000_000 - first).abs() < 5_000_000,
+        "score {first} vs server time {secs}"
+    );
 }
 
 #[tokio::test]
 async fn script_flush_is_recovered_from() {
     for (store, ports) in [
         (standalone().await, vec![port_of(&shared().standalone)]),
-        (cluster().await, shared().cluster.iter().map(|u| port_of(u)).collect()),
+        (
+            cluster().await,
+            shared().cluster.iter().map(|u| port_of(u)).collect(),
+        ),
     ] {
         let app = App::new(one_route(Rule::new().second(2)), store);
         assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
@@ -232,9 +265,15 @@ async fn script_flush_is_recovered_from() {
         }
         // NOSCRIPT: loaded again and retried, with the same budget.
         assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
         for user in 0..20 {
-            assert_eq!(app.get("/a", &format!("other{user}")).await.status, StatusCode::OK);
+            assert_eq!(
+                app.get("/a", &format!("other{user}")).await.status,
+                StatusCode::OK
+            );
         }
     }
 }
@@ -250,9 +289,14 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
             .build()
             .await
             .unwrap();
-        let app = App::with(one_route(Rule::new().second(1)), store, |l| l.fail_mode(mode));
+        let app = App::with(one_route(Rule::new().second(1)), store, |l| {
+            l.fail_mode(mode)
+        });
         assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-        assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
         server.kill();
         for _ in 0..20 {
             let started = Instant::now();
@@ -266,7 +310,10 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
                 _ => assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE),
             }
             // The deadline, plus scheduling slack on a busy machine.
-            assert!(took < deadline + Duration::from_millis(150), "{mode:?} took {took:?}");
+            assert!(
+                took < deadline + Duration::from_millis(150),
+                "{mode:?} took {took:?}"
+            );
         }
         // Restarted: limiting resumes by itself (the budget is gone with
         // the data, so the first request is allowed again).
@@ -278,11 +325,21 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
                 assert_eq!(reply.status, StatusCode::OK);
                 break;
             }
-            assert!(resumed.elapsed() < Duration::from_secs(3), "limiting did not resume");
+            assert!(
+                resumed.elapsed() < Duration::from_secs(3),
+                "limiting did not resume"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(resumed.elapsed() < Duration::from_millis(1500), "resumed after {:?}", resumed.elapsed());
-        assert_eq!(app.get("/a", "v").await.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            resumed.elapsed() < Duration::from_millis(1500),
+            "resumed after {:?}",
+            resumed.elapsed()
+        );
+        assert_eq!(
+            app.get("/a", "v").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
 }
 
@@ -290,7 +347,12 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
 async fn paused_redis_cannot_stall_requests() {
     let server = RedisServer::start();
     let deadline = Duration::from_millis(50);
-    let store = RedisStore::builder().url(server.url()).timeout(deadline).build().await.unwrap();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(deadline)
+        .build()
+        .await
+        .unwrap();
     let app = App::new(one_route(Rule::new().second(1)), store);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(server.cli(&["client", "pause", "1500", "all"]), "OK");
@@ -300,7 +362,11 @@ async fn paused_redis_cannot_stall_requests() {
         let reply = app.get("/a", "u").await;
         assert_eq!(reply.status, StatusCode::OK);
         assert!(!reply.limited());
-        assert!(t.elapsed() < deadline + Duration::from_millis(150), "took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < deadline + Duration::from_millis(150),
+            "took {:?}",
+            t.elapsed()
+        );
     }
     assert!(started.elapsed() < Duration::from_millis(1500));
     // Once the pause ends, limiting resumes.
@@ -310,10 +376,16 @@ async fn paused_redis_cannot_stall_requests() {
         if reply.limited() {
             break;
         }
-        assert!(resumed.elapsed() < Duration::from_secs(4), "limiting did not resume");
+        assert!(
+            resumed.elapsed() < Duration::from_secs(4),
+            "limiting did not resume"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(app.get("/a", "w").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/a", "w").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -333,16 +405,28 @@ async fn unreachable_redis_at_start_up_is_not_fatal() {
     server.restart();
     let started = Instant::now();
     while !app.get("/a", "u").await.limited() {
-        assert!(started.elapsed() < Duration::from_secs(3), "never connected");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "never connected"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 #[tokio::test]
 async fn bad_configuration_is_an_error() {
-    let e = RedisStore::builder().url("not a url").build().await.unwrap_err();
+    let e = RedisStore::builder()
+        .url("not a url")
+        .build()
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("invalid redis url"), "{e}");
-    let e = RedisStore::builder().url("redis://127.0.0.1:1").prefix("a{b}").build().await.unwrap_err();
+    let e = RedisStore::builder()
+        .url("redis://127.0.0.1:1")
+        .prefix("a{b}")
+        .build()
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("prefix"), "{e}");
     let e = RedisStore::builder().build().await.unwrap_err();
     assert!(e.to_string().contains("no redis"), "{e}");

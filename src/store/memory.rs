@@ -153,10 +153,7 @@ impl MemoryStore {
 
     fn decide(&self, check: &Check) -> Decision {
         let inner = &*self.inner;
-        let now = check
-            .now
-            .unwrap_or_else(|| inner.clock.now())
-            .as_micros();
+        let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
         let hash = inner.hasher.hash_one(check.budget.as_str());
         // `shift` is at most 60 (at least 16 shards), so this cannot overflow.
         let index = usize::try_from(hash >> inner.shift).unwrap_or(0);
@@ -168,9 +165,7 @@ impl MemoryStore {
         let run = |log: &mut VecDeque<u64>| match check.algorithm {
             Algorithm::SlidingLog => sliding_log::check(log, &check.windows, check.cost, now),
         };
-        let entry = state
-            .table
-            .find_mut(hash, |e| *e.budget == *check.budget);
+        let entry = state.table.find_mut(hash, |e| *e.budget == *check.budget);
         if let Some(entry) = entry {
             let decision = run(&mut entry.log);
             if let Some(&last) = entry.log.back() {
@@ -255,6 +250,9 @@ mod tests {
             clock.advance(Duration::from_millis(1));
         }
         let held = store.len();
-        assert!(held < 2 * 1000 + 64 * store.inner.shards.len(), "held {held}");
+        assert!(
+            held < 2 * 1000 + 64 * store.inner.shards.len(),
+            "held {held}"
+        );
     }
 }

@@ -146,9 +146,13 @@ impl Decision {
     /// window): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
         // Windows are shortest first, so the first minimum wins ties.
-        self.windows
-            .iter()
-            .reduce(|best, w| if w.remaining < best.remaining { w } else { best })
+        self.windows.iter().reduce(|best, w| {
+            if w.remaining < best.remaining {
+                w
+            } else {
+                best
+            }
+        })
     }
 }
 

@@ -237,7 +237,10 @@ fn store_error(e: RedisError) -> StoreError {
 }
 
 fn not_connected() -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, "not connected to redis (reconnecting)")
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        "not connected to redis (reconnecting)",
+    )
 }
 
 fn config_error(message: impl Into<String>) -> StoreError {
@@ -299,7 +302,9 @@ impl RedisStore {
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
         let key = {
-            let store = RedisStore { inner: inner.clone() };
+            let store = RedisStore {
+                inner: inner.clone(),
+            };
             store.key(&check.budget)
         };
         let mut invocation = inner.script.key(key);
@@ -330,14 +335,20 @@ impl RedisStore {
                         .get()
                         .await
                         .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e))?;
-                    invocation.invoke_async(&mut conn).await.map_err(store_error)
+                    invocation
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(store_error)
                 }
                 Backend::ClusterPool(pool) => {
                     let mut conn = pool
                         .get()
                         .await
                         .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e))?;
-                    invocation.invoke_async(&mut conn).await.map_err(store_error)
+                    invocation
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(store_error)
                 }
             }
         };
@@ -449,9 +460,8 @@ impl RedisStoreBuilder {
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
             Some(Target::Url(url)) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| {
-                    config_error(format!("invalid redis url `{url}`: {e}"))
-                })?;
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| config_error(format!("invalid redis url `{url}`: {e}")))?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(response_timeout));
@@ -471,12 +481,13 @@ impl RedisStoreBuilder {
                 Backend::Direct(lazy)
             }
             Some(Target::Cluster(urls)) => {
-                let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                    .connection_timeout(connect_timeout)
-                    .response_timeout(response_timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))?;
+                let client =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+                        .connection_timeout(connect_timeout)
+                        .response_timeout(response_timeout)
+                        .retries(2)
+                        .build()
+                        .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))?;
                 let connect: Connect<ClusterConnection> = Box::new(move || {
                     let client = client.clone();
                     Box::pin(async move {

@@ -18,7 +18,10 @@ use crate::rules::Window;
 /// request when allowed.
 pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now: u64) -> Decision {
     let longest = windows.last().map_or(0, Window::micros);
-    while log.front().is_some_and(|&t| t.saturating_add(longest) <= now) {
+    while log
+        .front()
+        .is_some_and(|&t| t.saturating_add(longest) <= now)
+    {
         log.pop_front();
     }
     // Index of the first entry inside each window.
@@ -33,8 +36,13 @@ pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now:
         if need > 0 {
             allowed = false;
             // The `need`-th oldest entry of the window must leave it.
-            let wait = match usize::try_from(need - 1).ok().and_then(|k| log.get(start + k)) {
-                Some(&t) if need <= count as u64 => t.saturating_add(w.micros()).saturating_sub(now),
+            let wait = match usize::try_from(need - 1)
+                .ok()
+                .and_then(|k| log.get(start + k))
+            {
+                Some(&t) if need <= count as u64 => {
+                    t.saturating_add(w.micros()).saturating_sub(now)
+                }
                 // Costs more than the window holds: it never passes; report
                 // the whole window.
                 _ => w.micros(),
@@ -43,11 +51,8 @@ pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now:
         }
     }
     if allowed {
-        let mut at = log.back().map_or(now, |&last| now.max(last + 1));
-        for _ in 0..cost {
-            log.push_back(at);
-            at += 1;
-        }
+        let first = log.back().map_or(now, |&last| now.max(last + 1));
+        log.extend((0..u64::from(cost)).map(|i| first + i));
     }
     let states = windows.iter().zip(starts).map(|(w, start)| {
         let count = (log.len() - start) as u64;

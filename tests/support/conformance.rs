@@ -60,7 +60,10 @@ pub async fn window_edges_are_exact<St: Store>(store: impl std::future::Future<O
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.header("retry-after"), Some("1"));
     assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
-    assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
     assert!(denied.body.contains(r#""status":429"#), "{}", denied.body);
 
     // 300 ms later the exact wait is 700 ms: Retry-After rounds it up.
@@ -72,7 +75,10 @@ pub async fn window_edges_are_exact<St: Store>(store: impl std::future::Future<O
 
     // Denied one millisecond before the slot frees, allowed exactly at it.
     app.advance_ms(699);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     app.advance_ms(1);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(app.inner_calls(), 2);
@@ -93,7 +99,10 @@ pub async fn custom_windows_are_exact<St: Store>(store: impl std::future::Future
     assert_eq!(denied.number("retry-after"), 5);
     assert_eq!(denied.number("x-ratelimit-reset"), 5);
     app.advance(Duration::from_millis(4999));
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     app.advance_ms(1);
     let allowed = app.get("/a", "u").await;
     assert_eq!(allowed.status, StatusCode::OK);
@@ -103,8 +112,13 @@ pub async fn custom_windows_are_exact<St: Store>(store: impl std::future::Future
     assert_eq!(denied.number("retry-after"), 1);
 }
 
-pub async fn all_or_nothing_across_windows<St: Store>(store: impl std::future::Future<Output = St>) {
-    let app = App::new(one_route("^/a", [Rule::new().second(2).minute(3)]), store.await);
+pub async fn all_or_nothing_across_windows<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let app = App::new(
+        one_route("^/a", [Rule::new().second(2).minute(3)]),
+        store.await,
+    );
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     // Denied by the second window: these must not eat the minute window.
@@ -132,7 +146,10 @@ pub async fn all_or_nothing_across_windows<St: Store>(store: impl std::future::F
     app.advance_ms(60_000);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(app.inner_calls(), 5);
 }
 
@@ -157,10 +174,16 @@ pub async fn headers_describe_the_constraining_window<St: Store>(
 }
 
 pub async fn groups_pick_their_rule<St: Store>(store: impl std::future::Future<Output = St>) {
-    let rules = one_route("^/towns", [Rule::group("default").second(1), Rule::group("admin")]);
+    let rules = one_route(
+        "^/towns",
+        [Rule::group("default").second(1), Rule::group("admin")],
+    );
     let app = App::new(rules, store.await);
     assert_eq!(app.get("/towns", "d").await.status, StatusCode::OK);
-    assert_eq!(app.get("/towns", "d").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/towns", "d").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     for _ in 0..10 {
         // A rule without limits: unlimited, and no headers to describe.
         let admin = app.get_as("/towns", "a", "admin").await;
@@ -182,13 +205,28 @@ pub async fn routes_fall_through_to_a_rule_for_the_group<St: Store>(
         .build()
         .unwrap();
     let app = App::new(rules, store.await);
-    assert_eq!(app.get("/api/special", "d").await.number("x-ratelimit-limit"), 2);
-    assert_eq!(app.get_as("/api/special", "a", "admin").await.number("x-ratelimit-limit"), 1);
-    assert_eq!(app.get_as("/api/other", "a", "admin").await.limited(), false);
+    assert_eq!(
+        app.get("/api/special", "d")
+            .await
+            .number("x-ratelimit-limit"),
+        2
+    );
+    assert_eq!(
+        app.get_as("/api/special", "a", "admin")
+            .await
+            .number("x-ratelimit-limit"),
+        1
+    );
+    assert!(!app.get_as("/api/other", "a", "admin").await.limited());
 }
 
-pub async fn methods_have_their_own_budgets<St: Store>(store: impl std::future::Future<Output = St>) {
-    let rules = one_route("^/items", [Rule::new().method("POST").second(1), Rule::new().second(3)]);
+pub async fn methods_have_their_own_budgets<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rules = one_route(
+        "^/items",
+        [Rule::new().method("POST").second(1), Rule::new().second(3)],
+    );
     let app = App::new(rules, store.await);
     let post = |app: &App| {
         let app = app.clone();
@@ -201,10 +239,15 @@ pub async fn methods_have_their_own_budgets<St: Store>(store: impl std::future::
         assert_eq!(get.status, StatusCode::OK);
         assert_eq!(get.number("x-ratelimit-remaining"), left);
     }
-    assert_eq!(app.get("/items", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/items", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
-pub async fn routes_and_zones_share_budgets<St: Store>(store: impl std::future::Future<Output = St>) {
+pub async fn routes_and_zones_share_budgets<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
     let rules = Rules::builder()
         .route("^/towns", [Rule::new().second(2)])
         .route("^/a", [Rule::new().second(2).zone("shared")])
@@ -216,17 +259,28 @@ pub async fn routes_and_zones_share_budgets<St: Store>(store: impl std::future::
     // Every path of one route counts against one budget.
     assert_eq!(app.get("/towns/1", "u").await.status, StatusCode::OK);
     assert_eq!(app.get("/towns/2", "u").await.status, StatusCode::OK);
-    assert_eq!(app.get("/towns/3", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/towns/3", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // Routes in one zone share one budget.
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(app.get("/b", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        app.get("/b", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // Other routes do not.
     assert_eq!(app.get("/c", "u").await.status, StatusCode::OK);
 }
 
-pub async fn unmatched_paths_pass_untouched<St: Store>(store: impl std::future::Future<Output = St>) {
+pub async fn unmatched_paths_pass_untouched<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
     let app = App::new(one_route("^/limited", [Rule::new().second(1)]), store.await);
     for _ in 0..5 {
         let reply = app.get("/free", "u").await;
@@ -243,7 +297,9 @@ pub async fn unmatched_paths_pass_untouched<St: Store>(store: impl std::future::
 
 /// Identities that look like key syntax, or are huge, must each get their
 /// own budget.
-pub async fn hostile_identities_stay_separate<St: Store>(store: impl std::future::Future<Output = St>) {
+pub async fn hostile_identities_stay_separate<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
     let app = App::new(
         Rules::builder()
             .route("^/a", [Rule::new().minute(1)])
@@ -277,7 +333,11 @@ pub async fn hostile_identities_stay_separate<St: Store>(store: impl std::future
     }
     for user in &users {
         let reply = app.get_bytes("/a", user).await;
-        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "second request of {user:?}");
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "second request of {user:?}"
+        );
         // Each user's budget on another route is untouched.
         assert_eq!(app.get_bytes("/b", user).await.status, StatusCode::OK);
     }
@@ -297,11 +357,16 @@ pub async fn denied_requests_never_reach_the_inner_service<St: Store>(
     assert_eq!(app.inner_calls(), 3);
 }
 
-pub async fn identity_errors_are_answered_401<St: Store>(store: impl std::future::Future<Output = St>) {
+pub async fn identity_errors_are_answered_401<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
     let app = App::new(one_route("^/a", [Rule::new().second(3)]), store.await);
     let reply = app.send(Method::GET, "/a", None, None).await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
     assert!(reply.body.contains("missing x-user"), "{}", reply.body);
     assert_eq!(app.inner_calls(), 0);
 }

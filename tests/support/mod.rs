@@ -50,7 +50,9 @@ impl Reply {
 
 /// Identity for tests: user from `x-user` (missing: 401), group from
 /// `x-group` (default "default").
-pub fn header_identity(head: &Parts) -> impl std::future::Future<Output = Result<Identity, IdentityError>> + Send + 'static {
+pub fn header_identity(
+    head: &Parts,
+) -> impl std::future::Future<Output = Result<Identity, IdentityError>> + Send + 'static {
     // `x-user-hex` carries bytes a header cannot (newlines, NUL, non-UTF-8).
     let user = match head.headers.get("x-user-hex") {
         Some(hex) => Some(decode_hex(hex.as_bytes())),
@@ -134,12 +136,10 @@ impl App {
         let identity_calls = Arc::new(AtomicUsize::new(0));
         let calls = inner_calls.clone();
         let ids = identity_calls.clone();
-        let layer = adjust(layer).identify(
-            move |head: &Parts| {
-                ids.fetch_add(1, Ordering::SeqCst);
-                header_identity(head)
-            },
-        );
+        let layer = adjust(layer).identify(move |head: &Parts| {
+            ids.fetch_add(1, Ordering::SeqCst);
+            header_identity(head)
+        });
         let router = Router::new()
             .fallback(move || {
                 let calls = calls.clone();
@@ -165,7 +165,13 @@ impl App {
         self.clock.advance(Duration::from_millis(ms));
     }
 
-    pub async fn send(&self, method: Method, path: &str, user: Option<&[u8]>, group: Option<&str>) -> Reply {
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        user: Option<&[u8]>,
+        group: Option<&str>,
+    ) -> Reply {
         let mut request = Request::builder().method(method).uri(path);
         if let Some(user) = user {
             request = request.header("x-user", http::HeaderValue::from_bytes(user).unwrap());
@@ -173,7 +179,8 @@ impl App {
         if let Some(group) = group {
             request = request.header("x-group", group);
         }
-        self.send_request(request.body(Body::empty()).unwrap()).await
+        self.send_request(request.body(Body::empty()).unwrap())
+            .await
     }
 
     /// A GET as a user given as raw bytes (sent hex-encoded).
@@ -198,11 +205,13 @@ impl App {
     }
 
     pub async fn get(&self, path: &str, user: &str) -> Reply {
-        self.send(Method::GET, path, Some(user.as_bytes()), None).await
+        self.send(Method::GET, path, Some(user.as_bytes()), None)
+            .await
     }
 
     pub async fn get_as(&self, path: &str, user: &str, group: &str) -> Reply {
-        self.send(Method::GET, path, Some(user.as_bytes()), Some(group)).await
+        self.send(Method::GET, path, Some(user.as_bytes()), Some(group))
+            .await
     }
 
     pub fn inner_calls(&self) -> usize {

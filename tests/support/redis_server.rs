@@ -185,7 +185,10 @@ impl RedisCluster {
                 ])
             })
             .collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
@@ -248,5 +251,9 @@ pub fn shared() -> &'static Shared {
 
 /// A key prefix no other test uses.
 pub fn unique_prefix() -> String {
-    format!("t{}x{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "t{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
