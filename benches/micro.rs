@@ -44,12 +44,16 @@ fn memory_store(c: &mut Criterion) {
                 .now_or_never()
         })
     });
-    let budgets: Vec<String> = (0..100_000).map(|i| format!("r0123456789abcdef:user{i}")).collect();
+    let budgets: Vec<String> = (0..100_000)
+        .map(|i| format!("r0123456789abcdef:user{i}"))
+        .collect();
     let mut i = 0;
     group.bench_function("100k_budgets", |b| {
         b.iter(|| {
             i = (i + 1) % budgets.len();
-            store.check(Check::new(budgets[i].as_str(), hot.clone())).now_or_never()
+            store
+                .check(Check::new(budgets[i].as_str(), hot.clone()))
+                .now_or_never()
         })
     });
     group.bench_function("2_threads_distinct_budgets", |b| {
@@ -62,7 +66,9 @@ fn memory_store(c: &mut Criterion) {
                     s.spawn(move || {
                         let budget = format!("r0123456789abcdef:thread{t}");
                         for _ in 0..iters {
-                            let _ = store.check(Check::new(budget.as_str(), hot.clone())).now_or_never();
+                            let _ = store
+                                .check(Check::new(budget.as_str(), hot.clone()))
+                                .now_or_never();
                         }
                     });
                 }
@@ -78,7 +84,13 @@ fn rules(n: usize, limit: u32) -> Rules {
     for i in 0..n - 1 {
         builder = builder.route(format!("^/api/v{i}/"), [Rule::new().second(limit)]);
     }
-    builder.route("^/hot", [Rule::new().second(limit).minute(limit).hour(limit)]).build().unwrap()
+    builder
+        .route(
+            "^/hot",
+            [Rule::new().second(limit).minute(limit).hour(limit)],
+        )
+        .build()
+        .unwrap()
 }
 
 fn layer(c: &mut Criterion) {
@@ -90,10 +102,14 @@ fn layer(c: &mut Criterion) {
             ("unmatched", 1, "/elsewhere"),
         ] {
             let inner = tower::service_fn(|_req: Request<()>| {
-                ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok")))))
+                ready(Ok::<_, Infallible>(Response::new(Full::new(
+                    Bytes::from_static(b"ok"),
+                ))))
             });
             let mut service = tower::ServiceBuilder::new()
-                .layer(RateLimitLayer::new(rules(routes, limit), MemoryStore::new()).identify(Global))
+                .layer(
+                    RateLimitLayer::new(rules(routes, limit), MemoryStore::new()).identify(Global),
+                )
                 .service(inner);
             group.bench_with_input(BenchmarkId::new(name, routes), &path, |b, path| {
                 b.iter(|| {

@@ -16,8 +16,13 @@ use tower_ratelimit::{FailMode, RateLimitLayer, Rule, Rules};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::args().nth(1).unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-    let port: u16 = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(3000);
+    let url = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
 
     let rules = Rules::builder()
         .route(r"^/api", [Rule::new().second(2).minute(60)])

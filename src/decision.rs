@@ -58,7 +58,7 @@ impl RateHeaders {
         Some(Self {
             limit: HeaderValue::from(w.window.limit()),
             remaining: HeaderValue::from(w.remaining),
-            reset: HeaderValue::from(ceil_secs(w.reset_after)),
+            reset: HeaderValue::from(ceil_secs(decision.reset_after())),
             retry_after: decision
                 .retry_after()
                 .filter(|_| !decision.allowed())

@@ -158,7 +158,7 @@ impl MemoryStore {
         // `shift` is at most 60 (at least 16 shards), so this cannot overflow.
         let index = usize::try_from(hash >> inner.shift).unwrap_or(0);
         let Some(shard) = inner.shards.get(index) else {
-            return Decision::new(true, None, []);
+            return Decision::new(true, None, std::time::Duration::ZERO, []);
         };
         let longest = check.windows.last().map_or(0, |w| w.micros());
         let mut state = lock(shard);

@@ -89,18 +89,12 @@ pub struct WindowState {
     /// Requests the window still allows (after counting this one, if it was
     /// allowed).
     pub remaining: u32,
-    /// Time until the window frees its next slot (zero when it is empty).
-    pub reset_after: Duration,
 }
 
 impl WindowState {
     /// The state of `window`.
-    pub fn new(window: Window, remaining: u32, reset_after: Duration) -> Self {
-        Self {
-            window,
-            remaining,
-            reset_after,
-        }
+    pub fn new(window: Window, remaining: u32) -> Self {
+        Self { window, remaining }
     }
 }
 
@@ -109,19 +103,24 @@ impl WindowState {
 pub struct Decision {
     allowed: bool,
     retry_after: Option<Duration>,
+    reset_after: Duration,
     windows: ArrayVec<WindowState, MAX_WINDOWS>,
 }
 
 impl Decision {
-    /// A decision. `windows` beyond [`MAX_WINDOWS`] are ignored.
+    /// A decision. `windows` beyond [`MAX_WINDOWS`] are ignored;
+    /// `reset_after` belongs to the [constraining](Self::constraining)
+    /// window.
     pub fn new(
         allowed: bool,
         retry_after: Option<Duration>,
+        reset_after: Duration,
         windows: impl IntoIterator<Item = WindowState>,
     ) -> Self {
         Self {
             allowed,
             retry_after: if allowed { None } else { retry_after },
+            reset_after,
             windows: windows.into_iter().take(MAX_WINDOWS).collect(),
         }
     }
@@ -137,6 +136,12 @@ impl Decision {
         self.retry_after
     }
 
+    /// Time until the [constraining](Self::constraining) window frees its
+    /// next slot (zero when that window is empty).
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
     /// Every window of the rule, shortest first.
     pub fn windows(&self) -> &[WindowState] {
         &self.windows
@@ -145,15 +150,18 @@ impl Decision {
     /// The window with the fewest requests remaining (ties: the shorter
     /// window): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
-        // Windows are shortest first, so the first minimum wins ties.
-        self.windows.iter().reduce(|best, w| {
-            if w.remaining < best.remaining {
-                w
-            } else {
-                best
-            }
-        })
+        constraining(self.windows.iter().map(|w| w.remaining)).and_then(|i| self.windows.get(i))
     }
+}
+
+/// The index of the window with the fewest remaining; ties go to the first
+/// (windows are shortest first).
+pub(crate) fn constraining(remaining: impl IntoIterator<Item = u32>) -> Option<usize> {
+    remaining
+        .into_iter()
+        .enumerate()
+        .reduce(|best, w| if w.1 < best.1 { w } else { best })
+        .map(|(i, _)| i)
 }
 
 /// What went wrong in a store.

@@ -367,27 +367,33 @@ impl RedisStore {
     }
 }
 
-/// Reads the script's reply: `{ allowed, retry_us, (remaining, reset_us)* }`.
+/// Reads the script's reply: `{ allowed, retry_us, reset_us, remaining* }`.
 fn decode(check: &Check, reply: &[i64]) -> Result<Decision, StoreError> {
-    if reply.len() != 2 + 2 * check.windows.len() {
-        return Err(StoreError::new(
-            StoreErrorKind::Backend,
-            format!("unexpected script reply of {} values", reply.len()),
-        ));
+    let [allowed, retry, reset, remaining @ ..] = reply else {
+        return Err(unexpected(reply));
+    };
+    if remaining.len() != check.windows.len() {
+        return Err(unexpected(reply));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
     let states = check
         .windows
         .iter()
-        .zip(reply[2..].chunks_exact(2))
-        .map(|(w, pair)| {
-            WindowState::new(
-                *w,
-                u32::try_from(pair[0].max(0)).unwrap_or(u32::MAX),
-                micros(pair[1]),
-            )
-        });
-    Ok(Decision::new(reply[0] == 1, Some(micros(reply[1])), states))
+        .zip(remaining)
+        .map(|(w, &r)| WindowState::new(*w, u32::try_from(r.max(0)).unwrap_or(u32::MAX)));
+    Ok(Decision::new(
+        *allowed == 1,
+        Some(micros(*retry)),
+        micros(*reset),
+        states,
+    ))
+}
+
+fn unexpected(reply: &[i64]) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Backend,
+        format!("unexpected script reply of {} values", reply.len()),
+    )
 }
 
 impl Store for RedisStore {

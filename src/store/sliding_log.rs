@@ -2,16 +2,17 @@
 //! budget's log. The Redis script `scripts/sliding_log.lua` implements the
 //! same function; this one is its specification.
 //!
-//! The log holds the microsecond timestamps of allowed requests, strictly
-//! increasing: a request at `now` is recorded at `max(now, last + 1)`, and a
-//! request of cost `c` takes `c` consecutive microseconds. An entry at `t` is
-//! inside a window of length `d` at `now` while `now < t + d`.
+//! The log holds the distinct microsecond timestamps of allowed requests,
+//! sorted. A request of cost `c` at `now` takes the first `c` free
+//! microseconds at or after `now`, so two requests in one microsecond are
+//! both counted (the second one 1 µs later). An entry at `t` is inside a
+//! window of length `d` at `now` while `now < t + d`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{Decision, WindowState};
-use crate::rules::Window;
+use super::{constraining, Decision, WindowState};
+use crate::rules::{Window, MAX_WINDOWS};
 
 /// Decides on a request of `cost` at `now` against `windows` (shortest
 /// first), trims entries older than the longest window, and records the
@@ -24,25 +25,20 @@ pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now:
     {
         log.pop_front();
     }
-    // Index of the first entry inside each window.
-    let mut starts = [0usize; crate::rules::MAX_WINDOWS];
+    let total = log.len() as u64;
+    let mut counts = [0u64; MAX_WINDOWS];
     let mut allowed = true;
     let mut retry = 0u64;
     for (i, w) in windows.iter().enumerate() {
         let start = log.partition_point(|&t| t.saturating_add(w.micros()) <= now);
-        starts[i] = start;
-        let count = log.len() - start;
-        let need = (count as u64 + u64::from(cost)).saturating_sub(u64::from(w.limit()));
+        let count = total - start as u64;
+        counts[i] = count;
+        let need = (count + u64::from(cost)).saturating_sub(u64::from(w.limit()));
         if need > 0 {
             allowed = false;
             // The `need`-th oldest entry of the window must leave it.
-            let wait = match usize::try_from(need - 1)
-                .ok()
-                .and_then(|k| log.get(start + k))
-            {
-                Some(&t) if need <= count as u64 => {
-                    t.saturating_add(w.micros()).saturating_sub(now)
-                }
+            let wait = match log.get(start + (need - 1) as usize) {
+                Some(&t) if need <= count => t.saturating_add(w.micros()).saturating_sub(now),
                 // Costs more than the window holds: it never passes; report
                 // the whole window.
                 _ => w.micros(),
@@ -51,22 +47,48 @@ pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now:
         }
     }
     if allowed {
-        let first = log.back().map_or(now, |&last| now.max(last + 1));
-        log.extend((0..u64::from(cost)).map(|i| first + i));
+        record(log, now, cost);
+        for count in counts.iter_mut().take(windows.len()) {
+            *count += u64::from(cost);
+        }
     }
-    let states = windows.iter().zip(starts).map(|(w, start)| {
-        let count = (log.len() - start) as u64;
-        let remaining = u64::from(w.limit()).saturating_sub(count);
-        let reset = log
-            .get(start)
-            .map_or(0, |&t| t.saturating_add(w.micros()).saturating_sub(now));
-        WindowState::new(
-            *w,
-            u32::try_from(remaining).unwrap_or(u32::MAX),
-            Duration::from_micros(reset),
-        )
-    });
-    Decision::new(allowed, Some(Duration::from_micros(retry)), states)
+    let remaining = |i: usize, w: &Window| {
+        u32::try_from(u64::from(w.limit()).saturating_sub(counts[i])).unwrap_or(u32::MAX)
+    };
+    let reset = constraining(windows.iter().enumerate().map(|(i, w)| remaining(i, w)))
+        .and_then(|i| {
+            let w = windows.get(i)?;
+            let oldest = log.get(log.len().checked_sub(usize::try_from(counts[i]).ok()?)?)?;
+            (counts[i] > 0).then(|| oldest.saturating_add(w.micros()).saturating_sub(now))
+        })
+        .unwrap_or(0);
+    Decision::new(
+        allowed,
+        Some(Duration::from_micros(retry)),
+        Duration::from_micros(reset),
+        windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| WindowState::new(*w, remaining(i, w))),
+    )
+}
+
+/// Takes the first `cost` free microseconds at or after `now`.
+fn record(log: &mut VecDeque<u64>, now: u64, cost: u32) {
+    // The common case: time moved forward past the newest entry.
+    if log.back().is_none_or(|&last| last < now) {
+        log.extend((0..u64::from(cost)).map(|i| now + i));
+        return;
+    }
+    let mut t = now;
+    let mut left = cost;
+    while left > 0 {
+        if let Err(at) = log.binary_search(&t) {
+            log.insert(at, t);
+            left -= 1;
+        }
+        t += 1;
+    }
 }
 
 #[cfg(test)]
@@ -90,6 +112,7 @@ mod tests {
         // The second entry was recorded one microsecond later; the first
         // leaves at 11 s, which frees one slot.
         assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        assert_eq!(d.reset_after(), Duration::from_secs(1));
         assert!(!check(&mut log, &windows, 1, 11 * S - 1).allowed());
         assert!(check(&mut log, &windows, 1, 11 * S).allowed());
     }
@@ -113,5 +136,14 @@ mod tests {
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_secs(10)));
         assert!(log.is_empty());
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_takes_free_slots() {
+        let mut log = VecDeque::new();
+        let windows = [w(10, 10)];
+        check(&mut log, &windows, 2, 5 * S);
+        check(&mut log, &windows, 2, 5 * S - 1);
+        assert_eq!(log, [5 * S - 1, 5 * S, 5 * S + 1, 5 * S + 2]);
     }
 }

@@ -1,0 +1,263 @@
+//! Load harness for the Redis store's connection shapes and script shapes.
+//!
+//! Starts its own throwaway `redis-server` on a free port, then runs, in
+//! interleaved passes, 50 concurrent workers doing checks through:
+//!
+//! - `multiplexed`: `RedisStore` on one multiplexed connection (the default);
+//! - `pool16`: `RedisStore` on a deadpool-redis pool of 16;
+//! - `conn-manager`: the same script over redis-rs' `ConnectionManager`;
+//! - `raw-multiplex`: the same script called by hand over a bare
+//!   `MultiplexedConnection` (the ceiling: no store around it);
+//! - `per-window`: the baseline script with one sorted set per window, over
+//!   a multiplexed connection (what one shared set per budget saves).
+//!
+//! It reports checks/s (median of the passes), the ratio to `multiplexed`,
+//! and Redis-side `usec_per_call` of EVALSHA and commands per check.
+//!
+//! ```sh
+//! cargo bench --bench redis_load            # PASSES=3 CHECKS=20000 by default
+//! ```
+#![allow(missing_docs)]
+
+#[path = "../tests/support/redis_server.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod redis_server;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use tower_ratelimit::store::redis::{RedisStore, SLIDING_LOG_LUA};
+use tower_ratelimit::{Check, Store, Window};
+
+const WORKERS: usize = 50;
+const USERS: usize = 1000;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn windows() -> Arc<[Window]> {
+    [
+        Window::new(Duration::from_secs(1), 1_000_000).unwrap(),
+        Window::new(Duration::from_secs(60), 1_000_000).unwrap(),
+        Window::new(Duration::from_secs(3600), 1_000_000).unwrap(),
+    ]
+    .into()
+}
+
+#[derive(Clone)]
+enum Shape {
+    Store(RedisStore),
+    Manager(redis::aio::ConnectionManager, Arc<redis::Script>),
+    Raw(redis::aio::MultiplexedConnection, Arc<redis::Script>),
+    PerWindow(redis::aio::MultiplexedConnection, Arc<redis::Script>),
+}
+
+impl Shape {
+    async fn check(&mut self, user: usize, windows: &Arc<[Window]>) {
+        match self {
+            Shape::Store(store) => {
+                let d = store
+                    .check(Check::new(format!("rbench:u{user}"), windows.clone()))
+                    .await;
+                assert!(d.is_ok(), "{d:?}");
+            }
+            Shape::Manager(conn, script) => {
+                assert_eq!(sliding_log(conn, script, "mgr", user, windows).await, 1);
+            }
+            Shape::Raw(conn, script) => {
+                assert_eq!(sliding_log(conn, script, "raw", user, windows).await, 1);
+            }
+            Shape::PerWindow(conn, script) => {
+                let mut inv = script.prepare_invoke();
+                for i in 0..windows.len() {
+                    inv.key(format!("pw:{{u{user}}}:{i}"));
+                }
+                inv.arg("").arg(1);
+                for w in windows.iter() {
+                    inv.arg(w.micros()).arg(w.limit());
+                }
+                let r: i64 = inv.invoke_async(conn).await.unwrap();
+                assert_eq!(r, 1);
+            }
+        }
+    }
+}
+
+/// The sliding-log script called by hand: what the store does, minus the
+/// store (no deadline, no boxing, no reconnect logic).
+async fn sliding_log(
+    conn: &mut impl redis::aio::ConnectionLike,
+    script: &redis::Script,
+    prefix: &str,
+    user: usize,
+    windows: &[Window],
+) -> i64 {
+    let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
+    inv.arg("").arg(1);
+    for w in windows {
+        inv.arg(w.micros()).arg(w.limit());
+    }
+    let r: Vec<i64> = inv.invoke_async(conn).await.unwrap();
+    r[0]
+}
+
+async fn run(shape: &Shape, checks: usize) -> f64 {
+    let next = Arc::new(AtomicUsize::new(0));
+    let windows = windows();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WORKERS {
+        let mut shape = shape.clone();
+        let next = next.clone();
+        let windows = windows.clone();
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= checks {
+                    break;
+                }
+                shape.check(i % USERS, &windows).await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    checks as f64 / started.elapsed().as_secs_f64()
+}
+
+fn stat(info: &str, command: &str, field: &str) -> f64 {
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn total_calls(info: &str) -> f64 {
+    info.lines()
+        .filter(|l| {
+            l.starts_with("cmdstat_")
+                && !l.starts_with("cmdstat_info:")
+                && !l.starts_with("cmdstat_config")
+        })
+        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    // `cargo bench` passes --bench; nothing else is expected.
+    let passes = env("PASSES", 3);
+    let checks = env("CHECKS", 20_000);
+    let server = RedisServer::start();
+    let url = server.url();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let multiplexed = RedisStore::builder()
+        .url(&url)
+        .prefix("mx")
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let pool = deadpool_redis::Config::from_url(&url)
+        .builder()
+        .unwrap()
+        .max_size(16)
+        .runtime(deadpool_redis::Runtime::Tokio1)
+        .build()
+        .unwrap();
+    let pooled = RedisStore::builder()
+        .pool(pool)
+        .prefix("pl")
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let manager = redis::aio::ConnectionManager::new(client.clone())
+        .await
+        .unwrap();
+    let per_window_conn = client.get_multiplexed_async_connection().await.unwrap();
+    let shapes = [
+        ("multiplexed", Shape::Store(multiplexed)),
+        ("pool16", Shape::Store(pooled)),
+        (
+            "conn-manager",
+            Shape::Manager(manager, Arc::new(redis::Script::new(SLIDING_LOG_LUA))),
+        ),
+        (
+            "raw-multiplex",
+            Shape::Raw(
+                client.get_multiplexed_async_connection().await.unwrap(),
+                Arc::new(redis::Script::new(SLIDING_LOG_LUA)),
+            ),
+        ),
+        (
+            "per-window",
+            Shape::PerWindow(
+                per_window_conn,
+                Arc::new(redis::Script::new(include_str!(
+                    "../scripts/per_window_baseline.lua"
+                ))),
+            ),
+        ),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
+    let mut usec: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
+    let mut per_check: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
+    let mut client_cmds: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
+    // Warm up every shape (scripts loaded, connections made).
+    for (_, shape) in &shapes {
+        run(shape, 2_000).await;
+    }
+    for _ in 0..passes {
+        for (i, (_, shape)) in shapes.iter().enumerate() {
+            server.cli(&["config", "resetstat"]);
+            rates[i].push(run(shape, checks).await);
+            let info = server.cli(&["info", "commandstats"]);
+            usec[i].push(stat(&info, "evalsha", "usec_per_call"));
+            let evalsha = stat(&info, "evalsha", "calls");
+            // Script-internal commands are counted by Redis too; what the
+            // client sent is EVALSHA plus everything that is not called from
+            // a script (PING, UNWATCH, SCRIPT LOAD...).
+            let internal = total_calls(&info)
+                - evalsha
+                - stat(&info, "ping", "calls")
+                - stat(&info, "unwatch", "calls");
+            client_cmds[i].push((total_calls(&info) - internal) / checks as f64);
+            per_check[i].push(internal / checks as f64);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let base = median(&mut rates[0].clone());
+    println!(
+        "{checks} checks x {passes} passes, {WORKERS} concurrent workers, 3-window sliding log"
+    );
+    println!(
+        "{:<14} {:>10} {:>8} {:>16} {:>18} {:>16}",
+        "shape", "checks/s", "ratio", "evalsha us/call", "client cmds/check", "in-script cmds"
+    );
+    for (i, (name, _)) in shapes.iter().enumerate() {
+        let rate = median(&mut rates[i]);
+        println!(
+            "{:<14} {:>10.0} {:>8.2} {:>16.1} {:>18.2} {:>16.2}",
+            name,
+            rate,
+            rate / base,
+            median(&mut usec[i]),
+            median(&mut client_cmds[i]),
+            median(&mut per_check[i])
+        );
+    }
+}
