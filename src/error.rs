@@ -33,6 +33,8 @@ pub enum ConfigErrorKind {
     EmptyName,
     /// A rule has more windows than [`MAX_WINDOWS`](crate::rules::MAX_WINDOWS).
     TooManyWindows,
+    /// Rules of one zone share a budget, so they must count it the same way.
+    ZoneAlgorithm,
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -115,6 +117,9 @@ impl fmt::Display for ConfigError {
                 f,
                 "a rule may have at most {} windows",
                 crate::rules::MAX_WINDOWS
+            ),
+            ConfigErrorKind::ZoneAlgorithm => f.write_str(
+                "another rule of the same zone uses a different algorithm; a zone's rules share one budget",
             ),
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }

@@ -107,8 +107,26 @@ impl Window {
 pub enum Algorithm {
     /// An exact sliding window: one timestamp per allowed request, so at any
     /// instant at most `limit` requests were allowed in the last `window`.
+    /// Memory grows with the limit (one entry per allowed request).
     #[default]
     SlidingLog,
+    /// The sliding window counter: the current fixed window's count plus the
+    /// previous one's, weighted by how much of it the sliding window still
+    /// covers. O(1) per window. It assumes the previous window's requests
+    /// were spread evenly: under uniform traffic it is close to exact; in the
+    /// worst case (a whole limit spent at the very end of one window) a
+    /// sliding span of one window can see up to 2× the limit.
+    SlidingWindow,
+    /// Fixed windows aligned on the Unix epoch (a minute window resets at
+    /// every whole minute). O(1). A client can spend a whole limit at the
+    /// end of one window and again at the start of the next: up to 2× the
+    /// limit within one window length around a boundary.
+    FixedWindow,
+    /// A token bucket, as GCRA: a window of `n` per `w` is a bucket of `n`
+    /// tokens refilled one every `ceil(w / n)`. O(1) (one timestamp per
+    /// window). Allows bursts of up to `n`, then an even rate; the retry time
+    /// is exact.
+    TokenBucket,
 }
 
 impl Algorithm {
@@ -116,6 +134,9 @@ impl Algorithm {
     pub fn as_str(&self) -> &'static str {
         match self {
             Algorithm::SlidingLog => "sliding-log",
+            Algorithm::SlidingWindow => "sliding-window",
+            Algorithm::FixedWindow => "fixed-window",
+            Algorithm::TokenBucket => "token-bucket",
         }
     }
 }
@@ -383,6 +404,7 @@ impl RulesBuilder {
     /// that an earlier rule of its route makes unreachable.
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
+        let mut zones: BTreeMap<&str, Algorithm> = BTreeMap::new();
         for (ri, (pattern, rules)) in self.routes.iter().enumerate() {
             let at_route = Location {
                 route: Some((ri, pattern.clone())),
@@ -398,6 +420,13 @@ impl RulesBuilder {
                     rule: Some((i, rule.group.clone())),
                     ..at_route.clone()
                 };
+                if let Some(zone) = rule.zone.as_deref() {
+                    if *zones.entry(zone).or_insert(rule.algorithm) != rule.algorithm {
+                        let mut at = at;
+                        at.field = Some("algorithm".to_owned());
+                        return Err(ConfigError::new(at, ConfigErrorKind::ZoneAlgorithm));
+                    }
+                }
                 compiled.push(compile_rule(rule, at, &route_id, &compiled)?);
             }
             routes.push(Route {

@@ -6,7 +6,7 @@ use http::StatusCode;
 use support::App;
 use tower_ratelimit::{MemoryStore, Rule, Rules};
 
-conformance_suite!(async { MemoryStore::new() });
+conformance_suite!(async { tower_ratelimit::MemoryStore::new() });
 
 #[tokio::test]
 async fn unmatched_and_unlimited_requests_never_touch_the_store() {

@@ -64,19 +64,19 @@ async fn cluster_pool() -> RedisStore {
 }
 
 mod on_standalone {
-    crate::conformance_suite!(super::standalone());
+    crate::conformance_suite!(crate::standalone());
 }
 
 mod on_cluster {
-    crate::conformance_suite!(super::cluster());
+    crate::conformance_suite!(crate::cluster());
 }
 
 mod on_pool {
-    crate::conformance_suite!(super::pool());
+    crate::conformance_suite!(crate::pool());
 }
 
 mod on_cluster_pool {
-    crate::conformance_suite!(super::cluster_pool());
+    crate::conformance_suite!(crate::cluster_pool());
 }
 
 fn port_of(url: &str) -> u16 {

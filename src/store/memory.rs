@@ -26,6 +26,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
+use super::counters::{self, Slot};
 use super::{sliding_log, Check, Decision, Store, StoreError};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::rules::Algorithm;
@@ -82,7 +83,53 @@ struct Entry {
     budget: Box<str>,
     /// When every window of this budget will be empty (microseconds).
     expires: u64,
-    log: VecDeque<u64>,
+    state: State,
+}
+
+/// A budget's state, by algorithm.
+#[derive(Debug)]
+enum State {
+    Log(VecDeque<u64>),
+    Slots(Vec<Slot>),
+}
+
+impl State {
+    fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingLog => State::Log(VecDeque::new()),
+            _ => State::Slots(Vec::new()),
+        }
+    }
+
+    /// Runs `check` on this state; returns the decision and when the state
+    /// becomes garbage.
+    fn run(&mut self, check: &Check, now: u64) -> (Decision, u64) {
+        let windows = &check.windows;
+        let cost = check.cost;
+        match (check.algorithm, self) {
+            (Algorithm::SlidingLog, State::Log(log)) => {
+                let decision = sliding_log::check(log, windows, cost, now);
+                let longest = windows.last().map_or(0, |w| w.micros());
+                let expires = log.back().map_or(now, |&t| t.saturating_add(longest));
+                (decision, expires)
+            }
+            (Algorithm::FixedWindow, State::Slots(s)) => {
+                counters::fixed_window(s, windows, cost, now)
+            }
+            (Algorithm::SlidingWindow, State::Slots(s)) => {
+                counters::sliding_window(s, windows, cost, now)
+            }
+            (Algorithm::TokenBucket, State::Slots(s)) => {
+                counters::token_bucket(s, windows, cost, now)
+            }
+            // A state of another shape (rules cannot make one: zones share
+            // an algorithm); start afresh rather than misread it.
+            (algorithm, state) => {
+                *state = State::new(algorithm);
+                state.run(check, now)
+            }
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -160,32 +207,28 @@ impl MemoryStore {
         let Some(shard) = inner.shards.get(index) else {
             return Decision::new(true, None, std::time::Duration::ZERO, []);
         };
-        let longest = check.windows.last().map_or(0, |w| w.micros());
-        let mut state = lock(shard);
-        let run = |log: &mut VecDeque<u64>| match check.algorithm {
-            Algorithm::SlidingLog => sliding_log::check(log, &check.windows, check.cost, now),
-        };
-        let entry = state.table.find_mut(hash, |e| *e.budget == *check.budget);
-        if let Some(entry) = entry {
-            let decision = run(&mut entry.log);
-            if let Some(&last) = entry.log.back() {
-                entry.expires = last.saturating_add(longest);
+        let mut shard = lock(shard);
+        if let Some(entry) = shard.table.find_mut(hash, |e| *e.budget == *check.budget) {
+            let (decision, expires) = entry.state.run(check, now);
+            if decision.allowed() {
+                entry.expires = expires;
             }
             return decision;
         }
-        let mut log = VecDeque::new();
-        let decision = run(&mut log);
-        if let Some(&last) = log.back() {
-            if state.table.len() + 1 >= state.sweep_at {
-                state.sweep(now);
+        let mut state = State::new(check.algorithm);
+        let (decision, expires) = state.run(check, now);
+        // A denied first request changed nothing worth keeping.
+        if decision.allowed() {
+            if shard.table.len() + 1 >= shard.sweep_at {
+                shard.sweep(now);
             }
             let entry = Entry {
                 hash,
                 budget: check.budget.as_str().into(),
-                expires: last.saturating_add(longest),
-                log,
+                expires,
+                state,
             };
-            state.table.insert_unique(hash, entry, |e| e.hash);
+            shard.table.insert_unique(hash, entry, |e| e.hash);
         }
         decision
     }

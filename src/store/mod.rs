@@ -20,6 +20,7 @@ use arrayvec::ArrayVec;
 use crate::clock::Timestamp;
 use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
+pub(crate) mod counters;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "redis")]

@@ -1,6 +1,8 @@
 //! The Redis store: budgets shared by every replica of a service.
 //!
-//! Every check is **one** `EVALSHA` of `scripts/sliding_log.lua`, which
+//! Every check is **one** `EVALSHA` of the rule's algorithm script
+//! (`scripts/sliding_log.lua`, `sliding_window.lua`, `fixed_window.lua`,
+//! `token_bucket.lua`, each behind `scripts/prelude.lua`), which
 //! decides on all windows of the rule atomically, on the Redis server's
 //! clock (`TIME`), and records the request in all of them or in none.
 //!
@@ -31,7 +33,7 @@
 //!
 //! # Key layout
 //!
-//! One sorted set per budget: `<prefix>:{<policy>:<user>}:l`, where
+//! One key per budget: `<prefix>:{<policy>:<user>}:<algorithm>`, where
 //!
 //! - `<prefix>` is [`RedisStoreBuilder::prefix`] (default `rl`);
 //! - `<policy>` is `r` + 16 hex digits of the SHA-256 of the route pattern
@@ -42,7 +44,10 @@
 //!
 //! The braces make `<policy>:<user>` the hash tag, so every key of one check
 //! lives in one Cluster slot; encoded parts never contain `{`, `}` or `:`.
-//! Members and scores are microsecond timestamps. Every write sets a
+//! `<algorithm>` is `l` (sliding log: a sorted set whose members and scores
+//! are microsecond timestamps), `w` (sliding window: a hash of per-window
+//! counters), `f` (fixed window: a hash) or `t` (token bucket: a hash of
+//! per-window arrival times). Every write sets a
 //! `PEXPIRE` that ends when the newest entry leaves the longest window, so
 //! no key outlives its usefulness.
 
@@ -58,9 +63,68 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 
 use super::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
+use crate::rules::Algorithm;
 
-/// The sliding-log script.
-pub const SLIDING_LOG_LUA: &str = include_str!("../../scripts/sliding_log.lua");
+macro_rules! script {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../scripts/prelude.lua"),
+            include_str!(concat!("../../scripts/", $file))
+        )
+    };
+}
+
+/// The sliding-log script (`scripts/prelude.lua` + `scripts/sliding_log.lua`).
+pub const SLIDING_LOG_LUA: &str = script!("sliding_log.lua");
+/// The sliding-window-counter script.
+pub const SLIDING_WINDOW_LUA: &str = script!("sliding_window.lua");
+/// The fixed-window script.
+pub const FIXED_WINDOW_LUA: &str = script!("fixed_window.lua");
+/// The token-bucket (GCRA) script.
+pub const TOKEN_BUCKET_LUA: &str = script!("token_bucket.lua");
+
+/// One script per algorithm, hashed once.
+struct Scripts([Script; 4]);
+
+impl Scripts {
+    fn new() -> Self {
+        Self([
+            Script::new(SLIDING_LOG_LUA),
+            Script::new(SLIDING_WINDOW_LUA),
+            Script::new(FIXED_WINDOW_LUA),
+            Script::new(TOKEN_BUCKET_LUA),
+        ])
+    }
+
+    fn get(&self, algorithm: Algorithm) -> &Script {
+        let [log, sliding, fixed, bucket] = &self.0;
+        match algorithm {
+            Algorithm::SlidingLog => log,
+            Algorithm::SlidingWindow => sliding,
+            Algorithm::FixedWindow => fixed,
+            Algorithm::TokenBucket => bucket,
+        }
+    }
+
+    /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
+    /// them by SHA.
+    async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
+        for script in &self.0 {
+            script.prepare_invoke().load_async(conn).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The last part of a budget's key: algorithms never share state.
+fn suffix(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingLog => "l",
+        Algorithm::SlidingWindow => "w",
+        Algorithm::FixedWindow => "f",
+        Algorithm::TokenBucket => "t",
+    }
+}
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -93,7 +157,7 @@ struct Inner {
     backend: Backend,
     prefix: Box<str>,
     timeout: Duration,
-    script: Script,
+    scripts: Arc<Scripts>,
 }
 
 enum Backend {
@@ -128,18 +192,18 @@ struct Lazy<C> {
     /// Whether a broken connection is dropped at once (a multiplexed
     /// connection never recovers; the cluster client heals itself).
     drop_when_broken: bool,
-    script: Script,
+    scripts: Arc<Scripts>,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
-    fn new(connect: Connect<C>, drop_when_broken: bool) -> Arc<Self> {
+    fn new(connect: Connect<C>, drop_when_broken: bool, scripts: Arc<Scripts>) -> Arc<Self> {
         Arc::new(Self {
             current: ArcSwapOption::empty(),
             connect,
             reconnecting: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
             drop_when_broken,
-            script: Script::new(SLIDING_LOG_LUA),
+            scripts,
         })
     }
 
@@ -156,8 +220,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 
     async fn try_connect(&self) -> Result<(), RedisError> {
         let mut conn = (self.connect)().await?;
-        // Loaded once per connection, so calls find it by SHA.
-        self.script.prepare_invoke().load_async(&mut conn).await?;
+        // Loaded once per connection, so calls find them by SHA.
+        self.scripts.load(&mut conn).await?;
         self.current.store(Some(Arc::new(conn)));
         self.timeouts.store(0, Ordering::Relaxed);
         Ok(())
@@ -165,6 +229,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 
     fn get(&self) -> Option<C> {
         self.current.load().as_deref().cloned()
+    }
+
+    /// Runs the script on the current connection, and notices when the
+    /// connection breaks.
+    async fn invoke(
+        self: &Arc<Self>,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.get().ok_or_else(not_connected)?;
+        let result = invocation.invoke_async(&mut conn).await;
+        self.observe(&result);
+        result.map_err(store_error)
     }
 
     /// Starts one background reconnect loop, unless one is running.
@@ -289,25 +365,27 @@ impl RedisStore {
         Self::builder().url(url).build().await
     }
 
-    /// The Redis key of a budget (see the [key layout](self#key-layout)).
-    pub fn key(&self, budget: &str) -> String {
+    /// The Redis key of a budget counted by `algorithm` (see the
+    /// [key layout](self#key-layout)).
+    pub fn key(&self, budget: &str, algorithm: Algorithm) -> String {
         let prefix = &self.inner.prefix;
         let mut key = String::with_capacity(prefix.len() + budget.len() + 5);
         key.push_str(prefix);
         key.push_str(":{");
         key.push_str(budget);
-        key.push_str("}:l");
+        key.push_str("}:");
+        key.push_str(suffix(algorithm));
         key
     }
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
-        let key = {
-            let store = RedisStore {
-                inner: inner.clone(),
-            };
-            store.key(&check.budget)
+        let store = RedisStore {
+            inner: inner.clone(),
         };
-        let mut invocation = inner.script.key(key);
+        let mut invocation = inner
+            .scripts
+            .get(check.algorithm)
+            .key(store.key(&check.budget, check.algorithm));
         match check.now {
             Some(now) => invocation.arg(now.as_micros()),
             None => invocation.arg(""),
@@ -318,38 +396,10 @@ impl RedisStore {
         }
         let call = async {
             match &inner.backend {
-                Backend::Direct(lazy) => {
-                    let mut conn = lazy.get().ok_or_else(not_connected)?;
-                    let result = invocation.invoke_async::<Vec<i64>>(&mut conn).await;
-                    lazy.observe(&result);
-                    result.map_err(store_error)
-                }
-                Backend::Cluster(lazy) => {
-                    let mut conn = lazy.get().ok_or_else(not_connected)?;
-                    let result = invocation.invoke_async::<Vec<i64>>(&mut conn).await;
-                    lazy.observe(&result);
-                    result.map_err(store_error)
-                }
-                Backend::Pool(pool) => {
-                    let mut conn = pool
-                        .get()
-                        .await
-                        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e))?;
-                    invocation
-                        .invoke_async(&mut conn)
-                        .await
-                        .map_err(store_error)
-                }
-                Backend::ClusterPool(pool) => {
-                    let mut conn = pool
-                        .get()
-                        .await
-                        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e))?;
-                    invocation
-                        .invoke_async(&mut conn)
-                        .await
-                        .map_err(store_error)
-                }
+                Backend::Direct(lazy) => lazy.invoke(&invocation).await,
+                Backend::Cluster(lazy) => lazy.invoke(&invocation).await,
+                Backend::Pool(pool) => invoke(pool.get().await, &invocation).await,
+                Backend::ClusterPool(pool) => invoke(pool.get().await, &invocation).await,
             }
         };
         let reply = match tokio::time::timeout(inner.timeout, call).await {
@@ -365,6 +415,22 @@ impl RedisStore {
         };
         decode(&check, &reply)
     }
+}
+
+/// Runs the script on a connection checked out of a pool.
+async fn invoke<C, E>(
+    conn: Result<C, E>,
+    invocation: &redis::ScriptInvocation<'_>,
+) -> Result<Vec<i64>, StoreError>
+where
+    C: ConnectionLike,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut conn = conn.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e))?;
+    invocation
+        .invoke_async(&mut conn)
+        .await
+        .map_err(store_error)
 }
 
 /// Reads the script's reply: `{ allowed, retry_us, reset_us, remaining* }`.
@@ -460,7 +526,7 @@ impl RedisStoreBuilder {
         if self.prefix.contains(['{', '}']) {
             return Err(config_error("the key prefix must not contain `{` or `}`"));
         }
-        let script = Script::new(SLIDING_LOG_LUA);
+        let scripts = Arc::new(Scripts::new());
         let response_timeout = self.timeout;
         let connect_timeout = self.connect_timeout;
         let backend = match self.target {
@@ -480,7 +546,7 @@ impl RedisStoreBuilder {
                             .await
                     })
                 });
-                let lazy = Lazy::new(connect, true);
+                let lazy = Lazy::new(connect, true, scripts.clone());
                 if let Err(error) = lazy.start().await {
                     tracing::warn!(%error, "redis not reachable yet; retrying in the background");
                 }
@@ -507,7 +573,7 @@ impl RedisStoreBuilder {
                             })
                     })
                 });
-                let lazy = Lazy::new(connect, false);
+                let lazy = Lazy::new(connect, false, scripts.clone());
                 if let Err(error) = lazy.start().await {
                     tracing::warn!(%error, "redis cluster not reachable yet; retrying in the background");
                 }
@@ -516,11 +582,7 @@ impl RedisStoreBuilder {
             Some(Target::Pool(pool)) => {
                 let load = async {
                     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())
+                    scripts.load(&mut conn).await.map_err(|e| e.to_string())
                 };
                 if let Err(error) = flatten(tokio::time::timeout(connect_timeout, load).await) {
                     tracing::warn!(%error, "could not load the rate-limit script through the pool yet");
@@ -530,11 +592,7 @@ impl RedisStoreBuilder {
             Some(Target::ClusterPool(pool)) => {
                 let load = async {
                     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())
+                    scripts.load(&mut conn).await.map_err(|e| e.to_string())
                 };
                 if let Err(error) = flatten(tokio::time::timeout(connect_timeout, load).await) {
                     tracing::warn!(%error, "could not load the rate-limit script through the cluster pool yet");
@@ -547,7 +605,7 @@ impl RedisStoreBuilder {
                 backend,
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
-                script,
+                scripts,
             }),
         })
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use tower_ratelimit::{Rule, Rules, Store};
+use tower_ratelimit::{Algorithm, Rule, Rules, Store};
 
 use super::App;
 
@@ -28,10 +28,33 @@ macro_rules! conformance_suite {
             denied_requests_never_reach_the_inner_service,
             identity_errors_are_answered_401,
         );
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn concurrent_requests_on_one_budget_are_exact() {
-            $crate::support::conformance::concurrent_requests_on_one_budget_are_exact($make).await;
-        }
+        $crate::conformance_suite!(@algorithms $make;
+            sliding_log: tower_ratelimit::Algorithm::SlidingLog,
+            sliding_window: tower_ratelimit::Algorithm::SlidingWindow,
+            fixed_window: tower_ratelimit::Algorithm::FixedWindow,
+            token_bucket: tower_ratelimit::Algorithm::TokenBucket,
+        );
+    };
+    (@algorithms $make:expr; $($name:ident: $algorithm:expr),+ $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test]
+                async fn edges_are_exact() {
+                    $crate::support::conformance::algorithm_edges($make, $algorithm).await;
+                }
+                #[tokio::test]
+                async fn all_or_nothing() {
+                    $crate::support::conformance::algorithm_all_or_nothing($make, $algorithm).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn concurrent_requests_on_one_budget_are_exact() {
+                    $crate::support::conformance::concurrent_requests_on_one_budget_are_exact(
+                        $make, $algorithm,
+                    )
+                    .await;
+                }
+            }
+        )+
     };
     (@tests $make:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -373,8 +396,10 @@ pub async fn identity_errors_are_answered_401<St: Store>(
 
 pub async fn concurrent_requests_on_one_budget_are_exact<St: Store>(
     store: impl std::future::Future<Output = St>,
+    algorithm: Algorithm,
 ) {
-    let app = App::new(one_route("^/a", [Rule::new().minute(100)]), store.await);
+    let rule = Rule::new().minute(100).algorithm(algorithm);
+    let app = App::new(one_route("^/a", [rule]), store.await);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..1000 {
         let app = app.clone();
@@ -391,4 +416,131 @@ pub async fn concurrent_requests_on_one_budget_are_exact<St: Store>(
     }
     assert_eq!((allowed, denied), (100, 900));
     assert_eq!(app.inner_calls(), 100);
+}
+
+/// Each algorithm's own contract at its edges: allowed exactly when the
+/// reported wait has passed, denied one millisecond before.
+pub async fn algorithm_edges<St: Store>(
+    store: impl std::future::Future<Output = St>,
+    algorithm: Algorithm,
+) {
+    let store = store.await;
+    let app = move |rule: Rule| App::new(one_route("^/a", [rule.algorithm(algorithm)]), store);
+    match algorithm {
+        Algorithm::FixedWindow => {
+            // START is a whole multiple of 10 s: windows are epoch-aligned.
+            let app = app(Rule::new().per(Duration::from_secs(10), 3));
+            app.advance_ms(2500);
+            for left in (0..3).rev() {
+                let reply = app.get("/a", "u").await;
+                assert_eq!(reply.status, StatusCode::OK);
+                assert_eq!(reply.number("x-ratelimit-remaining"), left);
+                assert_eq!(reply.number("x-ratelimit-reset"), 8);
+            }
+            let denied = app.get("/a", "u").await;
+            assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(denied.number("retry-after"), 8);
+            app.advance_ms(7499);
+            assert_eq!(
+                app.get("/a", "u").await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+            app.advance_ms(1);
+            let next = app.get("/a", "u").await;
+            assert_eq!(next.status, StatusCode::OK);
+            assert_eq!(next.number("x-ratelimit-remaining"), 2);
+            assert_eq!(next.number("x-ratelimit-reset"), 10);
+        }
+        Algorithm::SlidingWindow => {
+            let app = app(Rule::new().second(10));
+            for _ in 0..10 {
+                assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+            }
+            // Half-way through the next window the previous 10 weigh 5.
+            app.advance_ms(1500);
+            for left in (0..5).rev() {
+                let reply = app.get("/a", "u").await;
+                assert_eq!(reply.status, StatusCode::OK);
+                assert_eq!(reply.number("x-ratelimit-remaining"), left);
+            }
+            let denied = app.get("/a", "u").await;
+            assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+            // One more fits once they weigh 4, at 60 % of the window: 100 ms.
+            assert_eq!(denied.number("retry-after"), 1);
+            app.advance_ms(99);
+            assert_eq!(
+                app.get("/a", "u").await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+            app.advance_ms(1);
+            assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        }
+        Algorithm::TokenBucket => {
+            let app = app(Rule::new().second(4));
+            for left in (0..4).rev() {
+                let reply = app.get("/a", "u").await;
+                assert_eq!(reply.status, StatusCode::OK);
+                assert_eq!(reply.number("x-ratelimit-remaining"), left);
+            }
+            // One token every 250 ms.
+            let denied = app.get("/a", "u").await;
+            assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(denied.number("retry-after"), 1);
+            app.advance_ms(249);
+            assert_eq!(
+                app.get("/a", "u").await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+            app.advance_ms(1);
+            let reply = app.get("/a", "u").await;
+            assert_eq!(reply.status, StatusCode::OK);
+            assert_eq!(reply.number("x-ratelimit-remaining"), 0);
+            // A second later the bucket is full again.
+            app.advance_ms(1000);
+            assert_eq!(app.get("/a", "u").await.number("x-ratelimit-remaining"), 3);
+        }
+        _ => {
+            let app = app(Rule::new().second(1));
+            assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+            app.advance_ms(400);
+            let denied = app.get("/a", "u").await;
+            assert_eq!(denied.number("retry-after"), 1);
+            app.advance_ms(599);
+            assert_eq!(
+                app.get("/a", "u").await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+            app.advance_ms(1);
+            assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        }
+    }
+}
+
+/// Every algorithm: a denied request consumes nothing in any window.
+pub async fn algorithm_all_or_nothing<St: Store>(
+    store: impl std::future::Future<Output = St>,
+    algorithm: Algorithm,
+) {
+    let rule = Rule::new().second(2).minute(3).algorithm(algorithm);
+    let app = App::new(one_route("^/a", [rule]), store.await);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    for _ in 0..5 {
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    // Two seconds on (the sliding window counter still weighs the previous
+    // second), the minute window has exactly one left: the denials took
+    // nothing.
+    app.advance_ms(2001);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    for _ in 0..5 {
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(app.inner_calls(), 3);
 }

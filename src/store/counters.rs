@@ -1,0 +1,365 @@
+//! The O(1) algorithms: fixed window, sliding window counter and token
+//! bucket (GCRA), as pure functions over a budget's small state. The Redis
+//! scripts `fixed_window.lua`, `sliding_window.lua` and `token_bucket.lua`
+//! implement the same functions with the same arithmetic (integers below
+//! 2^53, and IEEE doubles in the same order for the sliding window), so both
+//! stores make identical decisions.
+//!
+//! State is kept per window *length* (a budget shared by a zone may be
+//! checked against different windows by different routes): one
+//! [`Slot`] per window length, `[length, a, b, c]`.
+
+use std::time::Duration;
+
+use super::{constraining, Decision, WindowState};
+use crate::rules::{Window, MAX_WINDOWS};
+
+/// `[window length (µs), a, b, c]`; the meaning of a, b, c depends on the
+/// algorithm.
+pub(crate) type Slot = [u64; 4];
+
+/// Finds (or adds, zeroed) the slot of each window; returns their indexes.
+fn slots(state: &mut Vec<Slot>, windows: &[Window]) -> [usize; MAX_WINDOWS] {
+    let mut at = [0usize; MAX_WINDOWS];
+    for (i, w) in windows.iter().enumerate() {
+        at[i] = match state.iter().position(|s| s[0] == w.micros()) {
+            Some(p) => p,
+            None => {
+                state.push([w.micros(), 0, 0, 0]);
+                state.len() - 1
+            }
+        };
+    }
+    at
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+fn decision(
+    allowed: bool,
+    retry: u64,
+    windows: &[Window],
+    remaining: &[u32],
+    reset: impl Fn(usize) -> u64,
+) -> Decision {
+    let reset = constraining(remaining.iter().copied()).map_or(0, reset);
+    Decision::new(
+        allowed,
+        Some(Duration::from_micros(retry)),
+        Duration::from_micros(reset),
+        windows
+            .iter()
+            .zip(remaining)
+            .map(|(w, &r)| WindowState::new(*w, r)),
+    )
+}
+
+/// Fixed windows aligned on the Unix epoch: window `k` of length `d` is
+/// `[k*d, (k+1)*d)`. Slot: `[d, k, count, _]`. Returns the decision and when
+/// the state becomes garbage.
+pub(crate) fn fixed_window(
+    state: &mut Vec<Slot>,
+    windows: &[Window],
+    cost: u32,
+    now: u64,
+) -> (Decision, u64) {
+    let at = slots(state, windows);
+    let cost = u64::from(cost);
+    let mut counts = [0u64; MAX_WINDOWS];
+    let mut allowed = true;
+    let mut retry = 0u64;
+    for (i, w) in windows.iter().enumerate() {
+        let d = w.micros();
+        let k = now / d;
+        let slot = state[at[i]];
+        counts[i] = if slot[1] == k { slot[2] } else { 0 };
+        if counts[i] + cost > u64::from(w.limit()) {
+            allowed = false;
+            // The next window starts empty; a cost above the limit never fits.
+            let wait = if cost > u64::from(w.limit()) {
+                d
+            } else {
+                (k + 1) * d - now
+            };
+            retry = retry.max(wait);
+        }
+    }
+    let mut expires = now;
+    for (i, w) in windows.iter().enumerate() {
+        let d = w.micros();
+        let k = now / d;
+        if allowed {
+            counts[i] += cost;
+            state[at[i]] = [d, k, counts[i], 0];
+        }
+        expires = expires.max((k + 1) * d);
+    }
+    let mut remaining = [0u32; MAX_WINDOWS];
+    for (i, w) in windows.iter().enumerate() {
+        remaining[i] = clamp_u32(u64::from(w.limit()).saturating_sub(counts[i]));
+    }
+    let n = windows.len();
+    let d = decision(allowed, retry, windows, &remaining[..n], |i| {
+        let d = windows[i].micros();
+        (now / d + 1) * d - now
+    });
+    (d, expires)
+}
+
+/// The sliding window counter: the current fixed window's count plus the
+/// previous window's count weighted by how much of it the sliding window
+/// still covers. Slot: `[d, k, current count, previous count]`.
+pub(crate) fn sliding_window(
+    state: &mut Vec<Slot>,
+    windows: &[Window],
+    cost: u32,
+    now: u64,
+) -> (Decision, u64) {
+    let at = slots(state, windows);
+    let mut cur = [0u64; MAX_WINDOWS];
+    let mut prev = [0u64; MAX_WINDOWS];
+    let mut allowed = true;
+    let mut retry = 0u64;
+    for (i, w) in windows.iter().enumerate() {
+        let d = w.micros();
+        let k = now / d;
+        let slot = state[at[i]];
+        (cur[i], prev[i]) = if slot[1] == k {
+            (slot[2], slot[3])
+        } else if slot[1] + 1 == k {
+            (0, slot[2])
+        } else {
+            (0, 0)
+        };
+        let elapsed = now - k * d;
+        if used(prev[i], cur[i], d, elapsed) + f64::from(cost) > f64::from(w.limit()) {
+            allowed = false;
+            retry = retry.max(sliding_wait(
+                prev[i],
+                cur[i],
+                d,
+                elapsed,
+                w.limit(),
+                u64::from(cost),
+            ));
+        }
+    }
+    let mut expires = now;
+    for (i, w) in windows.iter().enumerate() {
+        let d = w.micros();
+        let k = now / d;
+        if allowed {
+            cur[i] += u64::from(cost);
+            state[at[i]] = [d, k, cur[i], prev[i]];
+        }
+        // The current count still weighs in during the next window.
+        expires = expires.max((k + 2) * d);
+    }
+    let mut remaining = [0u32; MAX_WINDOWS];
+    for (i, w) in windows.iter().enumerate() {
+        let d = w.micros();
+        let used = used(prev[i], cur[i], d, now - (now / d) * d);
+        remaining[i] = clamp_u32((f64::from(w.limit()) - used).max(0.0).floor() as u64);
+    }
+    let n = windows.len();
+    let d = decision(allowed, retry, windows, &remaining[..n], |i| {
+        let w = windows[i];
+        let d = w.micros();
+        sliding_wait(
+            prev[i],
+            cur[i],
+            d,
+            now - (now / d) * d,
+            w.limit(),
+            u64::from(remaining[i]) + 1,
+        )
+    });
+    (d, expires)
+}
+
+/// The weighted count: `prev * (d - elapsed) / d + cur`, as IEEE doubles in
+/// exactly this order (the Lua script computes the same expression).
+fn used(prev: u64, cur: u64, d: u64, elapsed: u64) -> f64 {
+    prev as f64 * (d - elapsed) as f64 / d as f64 + cur as f64
+}
+
+/// The time until `k` more requests fit (the smallest whole microsecond at
+/// which they do), or `d` when `k` exceeds the limit.
+fn sliding_wait(prev: u64, cur: u64, d: u64, elapsed: u64, limit: u32, k: u64) -> u64 {
+    let limit = u64::from(limit);
+    if k > limit {
+        return d;
+    }
+    // Candidate: within this window when the current count leaves room,
+    // else in the next one (where `cur` becomes the previous count).
+    let (p, c, base, offset) = if cur + k <= limit {
+        (prev, cur, elapsed, 0)
+    } else {
+        (cur, 0, 0, d - elapsed)
+    };
+    let fits = |e: u64| used(p, c, d, e) + k as f64 <= limit as f64;
+    if fits(base) {
+        return offset;
+    }
+    // Solve p * (d - e) / d <= limit - c - k for e, then settle rounding on
+    // the exact predicate.
+    let room = (limit - c - k) as f64;
+    let mut e = (d as f64 - room * d as f64 / p as f64)
+        .ceil()
+        .max(base as f64) as u64;
+    e = e.min(d);
+    while e > base && fits(e - 1) {
+        e -= 1;
+    }
+    while e < d && !fits(e) {
+        e += 1;
+    }
+    offset + e - base
+}
+
+/// GCRA: a window of `n` per `w` is a bucket of `n` refilled one every
+/// `t = ceil(w / n)` microseconds (never faster than the configured rate).
+/// Slot: `[w, theoretical arrival time, _, _]`.
+pub(crate) fn token_bucket(
+    state: &mut Vec<Slot>,
+    windows: &[Window],
+    cost: u32,
+    now: u64,
+) -> (Decision, u64) {
+    let at = slots(state, windows);
+    let cost = u64::from(cost);
+    let mut tat = [0u64; MAX_WINDOWS];
+    let mut allowed = true;
+    let mut retry = 0u64;
+    for (i, w) in windows.iter().enumerate() {
+        let (n, t) = bucket(w);
+        tat[i] = state[at[i]][1].max(now);
+        let next = tat[i] + cost * t;
+        if next - now > n * t {
+            allowed = false;
+            let wait = if cost > n { n * t } else { next - now - n * t };
+            retry = retry.max(wait);
+        }
+    }
+    let mut expires = now;
+    let mut remaining = [0u32; MAX_WINDOWS];
+    for (i, w) in windows.iter().enumerate() {
+        let (n, t) = bucket(w);
+        if allowed {
+            tat[i] += cost * t;
+            state[at[i]] = [w.micros(), tat[i], 0, 0];
+        }
+        expires = expires.max(tat[i]);
+        remaining[i] = clamp_u32((n * t).saturating_sub(tat[i] - now) / t);
+    }
+    let n = windows.len();
+    let d = decision(allowed, retry, windows, &remaining[..n], |i| {
+        let (n, t) = bucket(&windows[i]);
+        let r = u64::from(remaining[i]);
+        if r >= n {
+            0
+        } else {
+            (tat[i] - now).saturating_sub((n - r - 1) * t)
+        }
+    });
+    (d, expires)
+}
+
+/// `(n, t)`: the bucket size and the refill interval of a window.
+fn bucket(w: &Window) -> (u64, u64) {
+    let n = u64::from(w.limit());
+    (n, w.micros().div_ceil(n).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn w(ms: u64, limit: u32) -> Window {
+        Window::new(Duration::from_millis(ms), limit).unwrap()
+    }
+
+    #[test]
+    fn fixed_window_resets_at_the_boundary() {
+        let mut s = Vec::new();
+        let windows = [w(1000, 2)];
+        assert!(fixed_window(&mut s, &windows, 1, 10 * S + 100).0.allowed());
+        assert!(fixed_window(&mut s, &windows, 1, 10 * S + 200).0.allowed());
+        let (d, _) = fixed_window(&mut s, &windows, 1, 10 * S + 300);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(S - 300)));
+        assert!(!fixed_window(&mut s, &windows, 1, 11 * S - 1).0.allowed());
+        assert!(fixed_window(&mut s, &windows, 1, 11 * S).0.allowed());
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let mut s = Vec::new();
+        let windows = [w(1000, 10)];
+        for _ in 0..10 {
+            assert!(sliding_window(&mut s, &windows, 1, 10 * S).0.allowed());
+        }
+        // Half-way through the next window the previous 10 weigh 5.
+        let mut allowed = 0;
+        for _ in 0..10 {
+            allowed += u32::from(
+                sliding_window(&mut s, &windows, 1, 11 * S + S / 2)
+                    .0
+                    .allowed(),
+            );
+        }
+        assert_eq!(allowed, 5);
+        let (d, _) = sliding_window(&mut s, &windows, 1, 11 * S + S / 2);
+        let wait = d.retry_after().unwrap().as_micros() as u64;
+        // One more fits once the previous window weighs 4: at 60 %.
+        assert_eq!(wait, S / 10);
+        assert!(
+            !sliding_window(&mut s, &windows, 1, 11 * S + S / 2 + wait - 1)
+                .0
+                .allowed()
+        );
+        assert!(sliding_window(&mut s, &windows, 1, 11 * S + S / 2 + wait)
+            .0
+            .allowed());
+    }
+
+    #[test]
+    fn token_bucket_bursts_then_refills_evenly() {
+        let mut s = Vec::new();
+        let windows = [w(1000, 4)];
+        for left in (0..4).rev() {
+            let (d, _) = token_bucket(&mut s, &windows, 1, 10 * S);
+            assert!(d.allowed());
+            assert_eq!(d.windows()[0].remaining, left);
+        }
+        let (d, _) = token_bucket(&mut s, &windows, 1, 10 * S);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
+        assert!(!token_bucket(&mut s, &windows, 1, 10 * S + S / 4 - 1)
+            .0
+            .allowed());
+        assert!(token_bucket(&mut s, &windows, 1, 10 * S + S / 4)
+            .0
+            .allowed());
+    }
+
+    #[test]
+    fn denied_requests_leave_every_state_untouched() {
+        type Algorithm = fn(&mut Vec<Slot>, &[Window], u32, u64) -> (Decision, u64);
+        for algorithm in [fixed_window as Algorithm, sliding_window, token_bucket] {
+            let mut s = Vec::new();
+            let windows = [w(1000, 5), w(60_000, 2)];
+            assert!(algorithm(&mut s, &windows, 1, S).0.allowed());
+            assert!(algorithm(&mut s, &windows, 1, S).0.allowed());
+            let before = s.clone();
+            for _ in 0..5 {
+                assert!(!algorithm(&mut s, &windows, 1, S + 10).0.allowed());
+            }
+            assert_eq!(s, before);
+        }
+    }
+}
