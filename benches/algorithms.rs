@@ -38,7 +38,10 @@ const ALGORITHMS: [Algorithm; 4] = [
 ];
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn check(budget: &str, windows: &Arc<[Window]>, algorithm: Algorithm) -> Check {
@@ -52,7 +55,8 @@ async fn memory_usage(server: &RedisServer, store: &RedisStore) -> Vec<(Algorith
     for algorithm in ALGORITHMS {
         let mut bytes = [0u64; 3];
         for (i, limit) in [10u32, 1_000, 100_000].into_iter().enumerate() {
-            let windows: Arc<[Window]> = [Window::new(Duration::from_secs(3600), limit).unwrap()].into();
+            let windows: Arc<[Window]> =
+                [Window::new(Duration::from_secs(3600), limit).unwrap()].into();
             let budget = format!("mem:{}:{limit}", algorithm.as_str());
             // Fill the window to its limit, one request at a time for small
             // limits, in chunks for large ones.
@@ -64,8 +68,11 @@ async fn memory_usage(server: &RedisServer, store: &RedisStore) -> Vec<(Algorith
                 assert!(d.allowed());
                 spent += chunk.min(limit - spent);
             }
-            let key = store.key(&budget, algorithm);
-            bytes[i] = server.cli(&["memory", "usage", &key, "samples", "0"]).parse().unwrap_or(0);
+            let [key, ..] = store.keys(&check(&budget, &windows, algorithm));
+            bytes[i] = server
+                .cli(&["memory", "usage", &key, "samples", "0"])
+                .parse()
+                .unwrap_or(0);
         }
         rows.push((algorithm, bytes));
     }
@@ -89,7 +96,8 @@ fn worst_span(allowed: &[u64], window: u64, limit: u32) -> f64 {
 fn accuracy(algorithm: Algorithm) -> (f64, f64) {
     let limit = 100u32;
     let window = 60_000_000u64;
-    let windows: Arc<[Window]> = [Window::new(Duration::from_micros(window), limit).unwrap()].into();
+    let windows: Arc<[Window]> =
+        [Window::new(Duration::from_micros(window), limit).unwrap()].into();
     let start = 1_767_225_600_000_000u64;
     // Random traffic at three times the limit for an hour (xorshift: the
     // same sequence every run).
@@ -160,7 +168,10 @@ fn usec_per_evalsha(server: &RedisServer) -> f64 {
     let info = server.cli(&["info", "commandstats"]);
     info.lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("usec_per_call=")))
+        .and_then(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
@@ -179,16 +190,33 @@ async fn main() {
         .unwrap();
 
     println!("Redis memory per budget, one window filled to its limit (MEMORY USAGE, bytes):");
-    println!("{:<16} {:>10} {:>10} {:>12}", "algorithm", "10", "1,000", "100,000");
+    println!(
+        "{:<16} {:>10} {:>10} {:>12}",
+        "algorithm", "10", "1,000", "100,000"
+    );
     for (algorithm, bytes) in memory_usage(&server, &store).await {
-        println!("{:<16} {:>10} {:>10} {:>12}", algorithm.as_str(), bytes[0], bytes[1], bytes[2]);
+        println!(
+            "{:<16} {:>10} {:>10} {:>12}",
+            algorithm.as_str(),
+            bytes[0],
+            bytes[1],
+            bytes[2]
+        );
     }
 
     println!("\nMost allowed in one sliding span of the window, x limit (100/min):");
-    println!("{:<16} {:>16} {:>22}", "algorithm", "random 3x load", "burst at a boundary");
+    println!(
+        "{:<16} {:>16} {:>22}",
+        "algorithm", "random 3x load", "burst at a boundary"
+    );
     for algorithm in ALGORITHMS {
         let (random, burst) = accuracy(algorithm);
-        println!("{:<16} {:>16.2} {:>22.2}", algorithm.as_str(), random, burst);
+        println!(
+            "{:<16} {:>16.2} {:>22.2}",
+            algorithm.as_str(),
+            random,
+            burst
+        );
     }
 
     let mut rates = vec![Vec::new(); ALGORITHMS.len()];
@@ -209,7 +237,10 @@ async fn main() {
     };
     let base = median(&mut rates[0].clone());
     println!("\nRedis checks/s, 3 windows, 50 workers, median of {passes} interleaved passes of {checks}:");
-    println!("{:<16} {:>10} {:>18} {:>16}", "algorithm", "checks/s", "vs sliding-log", "us per EVALSHA");
+    println!(
+        "{:<16} {:>10} {:>18} {:>16}",
+        "algorithm", "checks/s", "vs sliding-log", "us per EVALSHA"
+    );
     for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
         let rate = median(&mut rates[i]);
         println!(

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
+use crate::rules::{ietf_name, HeaderMode, Policy};
 use crate::store::Decision;
 
 /// `x-ratelimit-limit`
@@ -42,38 +43,98 @@ pub fn retry_after_secs(d: Duration) -> u64 {
     ceil_secs(d).max(1)
 }
 
+/// `ratelimit-policy` (draft-ietf-httpapi-ratelimit-headers-10)
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `ratelimit` (draft-ietf-httpapi-ratelimit-headers-10)
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
 /// The rate-limit headers of one decision, computed before the inner
 /// service runs and added to its response afterwards.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct RateHeaders {
-    limit: HeaderValue,
-    remaining: HeaderValue,
-    reset: HeaderValue,
+    x: Option<[HeaderValue; 3]>,
+    ietf: Option<[HeaderValue; 2]>,
     retry_after: Option<HeaderValue>,
 }
 
 impl RateHeaders {
-    pub(crate) fn new(decision: &Decision) -> Option<Self> {
-        let w = decision.constraining()?;
-        Some(Self {
-            limit: HeaderValue::from(w.window.limit()),
-            remaining: HeaderValue::from(w.remaining),
-            reset: HeaderValue::from(ceil_secs(decision.reset_after())),
-            retry_after: decision
-                .retry_after()
-                .filter(|_| !decision.allowed())
-                .map(|d| HeaderValue::from(retry_after_secs(d))),
-        })
+    /// The headers of `decision` on `policy`, in `mode`; a denial always
+    /// gets `Retry-After`.
+    pub(crate) fn new(decision: &Decision, policy: &Policy, mode: HeaderMode) -> Self {
+        let retry_after = decision
+            .retry_after()
+            .filter(|_| !decision.allowed())
+            .map(|d| HeaderValue::from(retry_after_secs(d)));
+        let Some(w) = decision.constraining() else {
+            return Self {
+                retry_after,
+                ..Self::default()
+            };
+        };
+        let reset = ceil_secs(decision.reset_after());
+        let x = matches!(mode, HeaderMode::X | HeaderMode::Both).then(|| {
+            [
+                HeaderValue::from(w.window.limit()),
+                HeaderValue::from(w.remaining),
+                HeaderValue::from(reset),
+            ]
+        });
+        let ietf = match (mode, &policy.ietf_policy) {
+            (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
+                ietf_ratelimit(decision, policy, reset).map(|value| [p.clone(), value])
+            }
+            _ => None,
+        };
+        Self {
+            x,
+            ietf,
+            retry_after,
+        }
+    }
+
+    /// Without `Retry-After` (shadow mode lets a would-be denial through).
+    pub(crate) fn without_retry(mut self) -> Self {
+        self.retry_after = None;
+        self
     }
 
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        headers.insert(X_RATELIMIT_LIMIT, self.limit);
-        headers.insert(X_RATELIMIT_REMAINING, self.remaining);
-        headers.insert(X_RATELIMIT_RESET, self.reset);
+        if let Some([limit, remaining, reset]) = self.x {
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, remaining);
+            headers.insert(X_RATELIMIT_RESET, reset);
+        }
+        if let Some([policy, state]) = self.ietf {
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, state);
+        }
         if let Some(retry) = self.retry_after {
             headers.entry(RETRY_AFTER).or_insert(retry);
         }
     }
+}
+
+/// `RateLimit`: one item per window with its remaining quota (`r`); the
+/// constraining window also carries its reset (`t`).
+fn ietf_ratelimit(decision: &Decision, policy: &Policy, reset: u64) -> Option<HeaderValue> {
+    let constraining = decision.constraining_index();
+    let user_windows = policy.windows.len();
+    let mut out = String::with_capacity(24 * decision.windows().len());
+    for (i, w) in decision.windows().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(
+            out,
+            "\"{}\";r={}",
+            ietf_name(&w.window, i, user_windows),
+            w.remaining
+        );
+        if constraining == Some(i) {
+            let _ = write!(out, ";t={reset}");
+        }
+    }
+    HeaderValue::from_str(&out).ok()
 }
 
 /// An RFC 9457 problem response.
@@ -149,4 +210,43 @@ mod tests {
             r#"{"type":"about:blank","title":"Unauthorized","status":401,"detail":"bad \"key\"\u000a\\"}"#
         );
     }
+}
+
+/// gRPC status codes the layer answers with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum GrpcStatus {
+    ResourceExhausted = 8,
+    Unavailable = 14,
+    Unauthenticated = 16,
+}
+
+/// A gRPC "trailers-only" answer: HTTP 200, `grpc-status` and
+/// `grpc-message` in the headers, no body; a denial also carries the wait
+/// in `retry-after` (seconds) and `grpc-retry-pushback-ms`.
+pub(crate) fn grpc(status: GrpcStatus, message: &str, retry: Option<Duration>) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, HeaderValue::from(status as u16));
+    // grpc-message is percent-encoded; these messages are plain ASCII.
+    if let Ok(message) = HeaderValue::from_str(message) {
+        headers.insert(GRPC_MESSAGE, message);
+    }
+    if let Some(retry) = retry {
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(retry)));
+        let ms = u64::try_from(retry.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+    }
+    response
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// Whether a request is gRPC (`content-type: application/grpc*`).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }

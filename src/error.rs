@@ -35,6 +35,11 @@ pub enum ConfigErrorKind {
     TooManyWindows,
     /// Rules of one zone share a budget, so they must count it the same way.
     ZoneAlgorithm,
+    /// A route with a route-wide limit keeps every key in the route's Redis
+    /// Cluster slot, so its rules cannot share a zone with other routes.
+    ZoneWithGlobal,
+    /// A route-wide limit has no window.
+    EmptyGlobal,
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -103,7 +108,7 @@ impl fmt::Display for ConfigError {
                 write!(f, "limit must be a whole number of at least 1, got {n}")
             }
             ConfigErrorKind::InvalidDuration => {
-                f.write_str("window duration must be between 1 millisecond and 10 years")
+                f.write_str("duration must be between 1 millisecond and 10 years")
             }
             ConfigErrorKind::DuplicateWindow => {
                 f.write_str("another window of this rule has the same duration")
@@ -121,6 +126,10 @@ impl fmt::Display for ConfigError {
             ConfigErrorKind::ZoneAlgorithm => f.write_str(
                 "another rule of the same zone uses a different algorithm; a zone's rules share one budget",
             ),
+            ConfigErrorKind::ZoneWithGlobal => f.write_str(
+                "a route with a route-wide (`global`) limit cannot have rules with a zone",
+            ),
+            ConfigErrorKind::EmptyGlobal => f.write_str("a route-wide limit needs at least one window"),
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }
     }

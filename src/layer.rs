@@ -1,26 +1,22 @@
-//! [`RateLimitLayer`] and the [`RateLimit`] service it produces.
+//! [`RateLimitLayer`]: the rules, the store and the options of the
+//! middleware. The service it makes is in [`crate::service`].
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Request, Response};
-use pin_project_lite::pin_project;
+use http::request::Parts;
+use http::Response;
 use tower_layer::Layer;
-use tower_service::Service;
 
-use crate::body::RateLimitBody;
+use crate::cache::DenialCache;
 use crate::clock::Clock;
-use crate::decision::{self, RateHeaders};
 use crate::identity::{ClientIp, Identify, IdentityError};
-use crate::key;
-use crate::rules::{Candidates, Rules};
-use crate::store::{Check, Decision, Store, StoreError};
+use crate::rules::{HeaderMode, Rules};
+use crate::service::{RateLimit, Shared};
+use crate::store::{Decision, MemoryStore, Store, StoreError};
 
 /// What the layer does when its store cannot decide (error or deadline).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,12 +27,22 @@ pub enum FailMode {
     /// reason a service is down.
     #[default]
     Open,
-    /// Answer `503 Service Unavailable` with `Retry-After: 1`.
+    /// Answer `503 Service Unavailable` with `Retry-After: 1` (gRPC:
+    /// `UNAVAILABLE`).
     Closed,
+    /// Keep limiting with an in-process [`MemoryStore`] while the store is
+    /// down (each replica then enforces the limits on its own), and return
+    /// to the store when it answers again: one request at most every
+    /// 500 ms probes it; the others do not wait for it.
+    Fallback,
 }
 
-type BlockedFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
-type IdentityErrorFn = dyn Fn(&IdentityError) -> Response<Bytes> + Send + Sync;
+pub(crate) type BlockedFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+pub(crate) type IdentityErrorFn = dyn Fn(&IdentityError) -> Response<Bytes> + Send + Sync;
+pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+
+/// Default capacity of the local denial cache.
+pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 
 /// Rate-limits requests by a [`Rules`] table, keeping budgets in a
 /// [`Store`].
@@ -55,21 +61,30 @@ type IdentityErrorFn = dyn Fn(&IdentityError) -> Response<Bytes> + Send + Sync;
 /// ```
 ///
 /// The layer is cheap to clone; every clone, and every service it makes,
-/// shares the same rules and store.
+/// shares the same rules, store and denial cache.
 #[must_use]
 pub struct RateLimitLayer<St, I = ClientIp> {
-    rules: Rules,
-    store: Arc<St>,
-    identity: Arc<I>,
-    options: Options,
+    pub(crate) rules: Rules,
+    pub(crate) store: Arc<St>,
+    pub(crate) identity: Arc<I>,
+    pub(crate) options: Options,
+    /// What every service of this layer (and of its clones) shares at run
+    /// time: made by the first `layer` call.
+    pub(crate) state: Arc<OnceLock<Arc<RunState>>>,
 }
 
-#[derive(Clone, Default)]
-struct Options {
-    fail_mode: FailMode,
-    clock: Option<Arc<dyn Clock>>,
-    on_blocked: Option<Arc<BlockedFn>>,
-    on_identity_error: Option<Arc<IdentityErrorFn>>,
+/// The layer's settings (all cheap to clone).
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub(crate) fail_mode: FailMode,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) on_blocked: Option<Arc<BlockedFn>>,
+    pub(crate) on_identity_error: Option<Arc<IdentityErrorFn>>,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) shadow: bool,
+    pub(crate) headers: HeaderMode,
+    /// Capacity of the local denial cache; 0 turns it off.
+    pub(crate) denial_cache: usize,
 }
 
 impl<St, I> Clone for RateLimitLayer<St, I> {
@@ -79,6 +94,7 @@ impl<St, I> Clone for RateLimitLayer<St, I> {
             store: self.store.clone(),
             identity: self.identity.clone(),
             options: self.options.clone(),
+            state: self.state.clone(),
         }
     }
 }
@@ -88,6 +104,9 @@ impl<St, I> fmt::Debug for RateLimitLayer<St, I> {
         f.debug_struct("RateLimitLayer")
             .field("rules", &self.rules)
             .field("fail_mode", &self.options.fail_mode)
+            .field("shadow", &self.options.shadow)
+            .field("headers", &self.options.headers)
+            .field("denial_cache", &self.options.denial_cache)
             .finish_non_exhaustive()
     }
 }
@@ -95,13 +114,25 @@ impl<St, I> fmt::Debug for RateLimitLayer<St, I> {
 impl<St: Store> RateLimitLayer<St, ClientIp> {
     /// A layer enforcing `rules` with budgets kept in `store`, identifying
     /// users by their IP address ([`ClientIp`]) until
-    /// [`identify`](Self::identify) says otherwise.
+    /// [`identify`](Self::identify) says otherwise. Shadow mode and the
+    /// header mode start as the rules say.
     pub fn new(rules: Rules, store: St) -> Self {
+        let options = Options {
+            fail_mode: FailMode::default(),
+            clock: None,
+            on_blocked: None,
+            on_identity_error: None,
+            cost: None,
+            shadow: rules.shadow(),
+            headers: rules.headers(),
+            denial_cache: DEFAULT_DENIAL_CACHE,
+        };
         Self {
             rules,
             store: Arc::new(store),
             identity: Arc::new(ClientIp),
-            options: Options::default(),
+            options,
+            state: Arc::default(),
         }
     }
 }
@@ -115,6 +146,7 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
             store: self.store,
             identity: Arc::new(identity),
             options: self.options,
+            state: self.state,
         }
     }
 
@@ -132,9 +164,37 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
         self
     }
 
+    /// How much a request spends (default 1): e.g. by method, or by a
+    /// size header. A cost of 0 is checked (and gets headers) but spends
+    /// nothing.
+    pub fn cost(mut self, f: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.options.cost = Some(Arc::new(f));
+        self
+    }
+
+    /// Shadow mode: decide, log and set headers, but never deny.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.options.shadow = shadow;
+        self
+    }
+
+    /// Which rate-limit headers to send.
+    pub fn headers(mut self, mode: HeaderMode) -> Self {
+        self.options.headers = mode;
+        self
+    }
+
+    /// The local denial cache: budgets the store denied are denied
+    /// in-process until their wait ends, with no store call (exact, since
+    /// denied requests consume nothing). On by default with room for
+    /// [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns it off.
+    pub fn denial_cache(mut self, capacity: usize) -> Self {
+        self.options.denial_cache = capacity;
+        self
+    }
+
     /// Builds the response to a denied request. The layer still adds the
-    /// `X-RateLimit-*` headers, and `Retry-After` unless the response has
-    /// one.
+    /// rate-limit headers, and `Retry-After` unless the response has one.
     pub fn on_blocked(
         mut self,
         f: impl Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
@@ -159,46 +219,104 @@ impl<S, St, I> Layer<S> for RateLimitLayer<St, I> {
     type Service = RateLimit<S, St, I>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit {
+        let state = self
+            .state
+            .get_or_init(|| Arc::new(RunState::new(&self.options)))
+            .clone();
+        RateLimit::new(
             inner,
-            shared: Arc::new(Shared {
+            Arc::new(Shared {
                 rules: self.rules.clone(),
                 store: self.store.clone(),
                 identity: self.identity.clone(),
                 options: self.options.clone(),
-                warnings: WarnGate::new(),
+                state,
             }),
+        )
+    }
+}
+
+/// Run-time state shared by every service of a layer.
+#[derive(Debug)]
+pub(crate) struct RunState {
+    pub(crate) denials: Option<DenialCache>,
+    pub(crate) fallback: Option<Fallback>,
+    pub(crate) warnings: WarnGate,
+    /// The origin of the layer's own monotonic clock.
+    pub(crate) start: Instant,
+}
+
+impl RunState {
+    fn new(options: &Options) -> Self {
+        Self {
+            denials: (options.denial_cache > 0).then(|| DenialCache::new(options.denial_cache)),
+            fallback: (options.fail_mode == FailMode::Fallback).then(Fallback::new),
+            warnings: WarnGate::default(),
+            start: Instant::now(),
         }
     }
 }
 
-/// Everything the services of one layer share.
-struct Shared<St, I> {
-    rules: Rules,
-    store: Arc<St>,
-    identity: Arc<I>,
-    options: Options,
-    warnings: WarnGate,
+/// [`FailMode::Fallback`]'s in-process store, and whether the real store is
+/// down.
+#[derive(Debug)]
+pub(crate) struct Fallback {
+    pub(crate) store: MemoryStore,
+    down: AtomicBool,
+    /// When the next probe of the real store may go (layer microseconds).
+    next_probe: AtomicU64,
 }
 
-/// Lets through at most one warning per second.
-struct WarnGate {
-    start: Instant,
+/// How often a down store is probed.
+const PROBE_EVERY: u64 = 500_000;
+
+impl Fallback {
+    fn new() -> Self {
+        Self {
+            store: MemoryStore::new(),
+            down: AtomicBool::new(false),
+            next_probe: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether this request should skip the real store: it is down, and
+    /// this is not the one request allowed to probe it now.
+    pub(crate) fn bypass(&self, now: u64) -> bool {
+        if !self.down.load(Ordering::Acquire) {
+            return false;
+        }
+        let next = self.next_probe.load(Ordering::Relaxed);
+        let probe = now >= next
+            && self
+                .next_probe
+                .compare_exchange(next, now + PROBE_EVERY, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        !probe
+    }
+
+    pub(crate) fn failed(&self, now: u64) {
+        if !self.down.swap(true, Ordering::AcqRel) {
+            self.next_probe.store(now + PROBE_EVERY, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn recovered(&self) {
+        if self.down.swap(false, Ordering::AcqRel) {
+            tracing::info!("rate-limit store answers again; leaving the fallback store");
+        }
+    }
+}
+
+/// Lets through at most one store-failure warning per second.
+#[derive(Debug, Default)]
+pub(crate) struct WarnGate {
     last: AtomicU64,
     suppressed: AtomicU64,
 }
 
 impl WarnGate {
-    fn new() -> Self {
-        Self {
-            start: Instant::now(),
-            last: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    fn store_failed(&self, error: &StoreError, mode: FailMode) {
-        let second = self.start.elapsed().as_secs() + 1;
+    pub(crate) fn store_failed(&self, error: &StoreError, mode: FailMode, now: u64) {
+        let second = now / 1_000_000 + 1;
         let last = self.last.load(Ordering::Relaxed);
         if second > last
             && self
@@ -210,257 +328,6 @@ impl WarnGate {
             tracing::warn!(%error, ?mode, suppressed, "rate-limit store failed; applying fail mode");
         } else {
             self.suppressed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The rate-limiting service; made by [`RateLimitLayer`].
-pub struct RateLimit<S, St, I = ClientIp> {
-    inner: S,
-    shared: Arc<Shared<St, I>>,
-}
-
-impl<S: Clone, St, I> Clone for RateLimit<S, St, I> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St, I> fmt::Debug for RateLimit<S, St, I> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
-            .field("inner", &self.inner)
-            .field("rules", &self.shared.rules)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, St, I> RateLimit<S, St, I> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S, St, I, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, I>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    St: Store,
-    I: Identify,
-{
-    type Response = Response<RateLimitBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, St, I>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let Some(candidates) = self.shared.rules.candidates(request.uri().path()) else {
-            return ResponseFuture {
-                state: State::Calling {
-                    fut: self.inner.call(request),
-                    headers: None,
-                },
-            };
-        };
-        // The service that was polled ready goes into the future; a fresh
-        // clone stays behind for the next poll_ready.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let (head, body) = request.into_parts();
-        let fut = self.shared.identity.identify(&head);
-        ResponseFuture {
-            state: State::Identifying {
-                fut,
-                pending: Some(Pending {
-                    inner,
-                    head,
-                    body,
-                    candidates,
-                    shared: self.shared.clone(),
-                }),
-            },
-        }
-    }
-}
-
-/// A request held while its identity and budget are decided.
-struct Pending<S, B, St, I> {
-    inner: S,
-    head: http::request::Parts,
-    body: B,
-    candidates: Candidates,
-    shared: Arc<Shared<St, I>>,
-}
-
-impl<S, B, St, I> Pending<S, B, St, I> {
-    fn call<R>(mut self) -> S::Future
-    where
-        S: Service<Request<B>, Response = Response<R>>,
-    {
-        self.inner.call(Request::from_parts(self.head, self.body))
-    }
-}
-
-pin_project! {
-    /// The response future of [`RateLimit`].
-    pub struct ResponseFuture<S, B, St, I>
-    where
-        S: Service<Request<B>>,
-        St: Store,
-        I: Identify,
-    {
-        #[pin]
-        state: State<S::Future, I::Future, St::Future, Pending<S, B, St, I>>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, IF, SF, P> {
-        Identifying { #[pin] fut: IF, pending: Option<P> },
-        Checking { #[pin] fut: SF, pending: Option<P> },
-        Calling { #[pin] fut: F, headers: Option<RateHeaders> },
-        Answer { response: Option<Response<Bytes>>, headers: Option<RateHeaders> },
-    }
-}
-
-impl<S, B, St, I> fmt::Debug for ResponseFuture<S, B, St, I>
-where
-    S: Service<Request<B>>,
-    St: Store,
-    I: Identify,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
-impl<S, B, St, I, ResBody> Future for ResponseFuture<S, B, St, I>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-    St: Store,
-    I: Identify,
-{
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
-        loop {
-            let next = match state.as_mut().project() {
-                StateProj::Identifying { fut, pending } => {
-                    let identity = ready!(fut.poll(cx));
-                    let Some(pending) = pending.take() else {
-                        return Poll::Pending;
-                    };
-                    let identity = match identity {
-                        Ok(identity) => identity,
-                        Err(error) => {
-                            let response = match &pending.shared.options.on_identity_error {
-                                Some(f) => f(&error),
-                                None => decision::problem(error.status(), error.message()),
-                            };
-                            state.set(State::Answer {
-                                response: Some(response),
-                                headers: None,
-                            });
-                            continue;
-                        }
-                    };
-                    let shared = &*pending.shared;
-                    let policy = shared
-                        .rules
-                        .select(&pending.candidates, identity.group(), &pending.head.method)
-                        .and_then(|rule| rule.policy.as_ref());
-                    match policy {
-                        None => State::Calling {
-                            fut: pending.call(),
-                            headers: None,
-                        },
-                        Some(policy) => {
-                            let check = Check {
-                                budget: key::budget_key(&policy.budget, identity.user()),
-                                windows: policy.windows.clone(),
-                                algorithm: policy.algorithm,
-                                cost: 1,
-                                now: shared.options.clock.as_ref().map(|c| c.now()),
-                            };
-                            State::Checking {
-                                fut: shared.store.check(check),
-                                pending: Some(pending),
-                            }
-                        }
-                    }
-                }
-                StateProj::Checking { fut, pending } => {
-                    let result = ready!(fut.poll(cx));
-                    let Some(pending) = pending.take() else {
-                        return Poll::Pending;
-                    };
-                    match result {
-                        Ok(decision) if decision.allowed() => State::Calling {
-                            headers: RateHeaders::new(&decision),
-                            fut: pending.call(),
-                        },
-                        Ok(decision) => {
-                            let response = match &pending.shared.options.on_blocked {
-                                Some(f) => f(&decision),
-                                None => decision::too_many_requests(),
-                            };
-                            State::Answer {
-                                response: Some(response),
-                                headers: RateHeaders::new(&decision),
-                            }
-                        }
-                        Err(error) => {
-                            let mode = pending.shared.options.fail_mode;
-                            pending.shared.warnings.store_failed(&error, mode);
-                            match mode {
-                                FailMode::Closed => State::Answer {
-                                    response: Some(decision::store_unavailable()),
-                                    headers: None,
-                                },
-                                FailMode::Open => State::Calling {
-                                    fut: pending.call(),
-                                    headers: None,
-                                },
-                            }
-                        }
-                    }
-                }
-                StateProj::Calling { fut, headers } => {
-                    let mut response = ready!(fut.poll(cx))?;
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
-                }
-                StateProj::Answer { response, headers } => {
-                    let Some(mut response) = response.take() else {
-                        return Poll::Pending;
-                    };
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    return Poll::Ready(Ok(response.map(RateLimitBody::full)));
-                }
-            };
-            state.set(next);
         }
     }
 }

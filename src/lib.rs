@@ -58,19 +58,22 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod body;
+mod cache;
 pub mod clock;
 pub mod decision;
 mod error;
 pub mod identity;
 pub mod key;
 mod layer;
+mod observe;
 pub mod rules;
+mod service;
 pub mod store;
 
 pub use body::RateLimitBody;
 pub use error::{ConfigError, ConfigErrorKind};
-pub use layer::{FailMode, RateLimit, RateLimitLayer, ResponseFuture};
-pub use rules::{Algorithm, Config, Rule, Rules, RulesBuilder, Window};
-#[cfg(feature = "memory")]
+pub use layer::{FailMode, RateLimitLayer, DEFAULT_DENIAL_CACHE};
+pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder, Window};
+pub use service::{RateLimit, ResponseFuture};
 pub use store::MemoryStore;
-pub use store::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
+pub use store::{Check, Decision, GlobalCheck, Store, StoreError, StoreErrorKind, WindowState};

@@ -36,7 +36,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Method;
+use http::{HeaderValue, Method};
 use regex::RegexSet;
 use serde::Deserialize;
 
@@ -153,6 +153,7 @@ pub struct Rule {
     method: Option<String>,
     zone: Option<String>,
     algorithm: Algorithm,
+    block_time: Option<Duration>,
     windows: Vec<(String, Duration, i64)>,
 }
 
@@ -175,6 +176,7 @@ impl Rule {
             method: None,
             zone: None,
             algorithm: Algorithm::default(),
+            block_time: None,
             windows: Vec::new(),
         }
     }
@@ -194,6 +196,14 @@ impl Rule {
     /// How requests are counted.
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
+        self
+    }
+
+    /// Blocks a user who exceeds this rule for `duration`: every request of
+    /// theirs to the route is denied until it ends (set atomically with the
+    /// denial; `Retry-After` and the headers report the block).
+    pub fn block_time(mut self, duration: Duration) -> Self {
+        self.block_time = Some(duration);
         self
     }
 
@@ -241,9 +251,102 @@ impl Rule {
     fn push_raw(&mut self, name: String, duration: Duration, limit: i64) {
         self.windows.push((name, duration, limit));
     }
+
+    /// The validated windows, shortest first.
+    fn compile_windows(
+        &self,
+        fail: impl Fn(Option<&str>, ConfigErrorKind) -> ConfigError,
+    ) -> Result<Vec<Window>, ConfigError> {
+        if self.windows.len() > MAX_WINDOWS {
+            return Err(fail(None, ConfigErrorKind::TooManyWindows));
+        }
+        let mut windows: Vec<Window> = Vec::with_capacity(self.windows.len());
+        for (name, duration, limit) in &self.windows {
+            let window =
+                Window::validate(*duration, *limit).map_err(|kind| fail(Some(name), kind))?;
+            if windows.iter().any(|w| w.micros == window.micros) {
+                return Err(fail(Some(name), ConfigErrorKind::DuplicateWindow));
+            }
+            windows.push(window);
+        }
+        windows.sort_by_key(|w| w.micros);
+        Ok(windows)
+    }
 }
 
-/// The compiled limits of one rule: what one store check needs.
+/// One route: a path pattern, its rules, and optionally a route-wide limit
+/// shared by all its users.
+///
+/// ```
+/// use tower_ratelimit::{Route, Rule, Rules};
+///
+/// let rules = Rules::builder()
+///     .add(
+///         Route::new("^/search")
+///             .rules([Rule::new().second(5).block_time(std::time::Duration::from_secs(60))])
+///             // The search backend takes 100/s in total, whoever asks.
+///             .global(Rule::new().second(100)),
+///     )
+///     .build()?;
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Route {
+    pattern: String,
+    rules: Vec<Rule>,
+    global: Option<Rule>,
+    shadow: bool,
+}
+
+impl Route {
+    /// A route over paths matching `pattern` (a regular expression).
+    pub fn new(pattern: impl Into<String>) -> Self {
+        Self {
+            pattern: pattern.into(),
+            rules: Vec::new(),
+            global: None,
+            shadow: false,
+        }
+    }
+
+    /// Adds rules (one per group, optionally per method).
+    pub fn rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+
+    /// A route-wide budget: the windows of `limits` (its group is ignored)
+    /// are shared by every user of the route, and checked atomically with
+    /// each user's own windows in the same store call. A request passes only
+    /// if both allow it; a denied one consumes neither. Groups whose rule
+    /// has no windows stay unlimited.
+    ///
+    /// On Redis Cluster every key of such a route lives in one slot (the
+    /// route's): the route-wide budget is one hot key by nature.
+    pub fn global(mut self, limits: Rule) -> Self {
+        self.global = Some(limits);
+        self
+    }
+
+    /// Shadow mode for this route: decide, log and set headers, but never
+    /// deny (to roll out new limits safely).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+}
+
+/// The route-wide part of a policy.
+#[derive(Debug)]
+pub(crate) struct GlobalPolicy {
+    /// `<route id>:*`
+    pub(crate) budget: Box<str>,
+    pub(crate) windows: Arc<[Window]>,
+}
+
+/// The compiled limits of one rule: what one store check needs, and what
+/// its responses say.
 #[derive(Debug)]
 pub(crate) struct Policy {
     /// The policy part of every budget key of this rule (see [`crate::key`]).
@@ -251,6 +354,47 @@ pub(crate) struct Policy {
     /// Sorted by duration, shortest first.
     pub(crate) windows: Arc<[Window]>,
     pub(crate) algorithm: Algorithm,
+    pub(crate) global: Option<GlobalPolicy>,
+    pub(crate) block: Option<Duration>,
+    pub(crate) shadow: bool,
+    /// The route's pattern, for logs.
+    pub(crate) route: Arc<str>,
+    /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10): one
+    /// item per window, computed once.
+    pub(crate) ietf_policy: Option<HeaderValue>,
+}
+
+/// The name of a window in the IETF headers: `60s`, `250ms`; route-wide
+/// windows are prefixed `route-`.
+pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> String {
+    let micros = window.micros();
+    let span = if micros % 1_000_000 == 0 {
+        format!("{}s", micros / 1_000_000)
+    } else {
+        format!("{}ms", micros.div_ceil(1000))
+    };
+    if index < user_windows {
+        span
+    } else {
+        format!("route-{span}")
+    }
+}
+
+fn ietf_policy(windows: &[Window], global: &[Window]) -> Option<HeaderValue> {
+    let items: Vec<String> = windows
+        .iter()
+        .chain(global)
+        .enumerate()
+        .map(|(i, w)| {
+            format!(
+                "\"{}\";q={};w={}",
+                ietf_name(w, i, windows.len()),
+                w.limit(),
+                w.micros().div_ceil(1_000_000)
+            )
+        })
+        .collect();
+    HeaderValue::from_str(&items.join(", ")).ok()
 }
 
 #[derive(Debug)]
@@ -262,9 +406,25 @@ pub(crate) struct CompiledRule {
 }
 
 #[derive(Debug)]
-struct Route {
-    pattern: Box<str>,
+struct CompiledRoute {
+    pattern: Arc<str>,
     rules: Box<[CompiledRule]>,
+}
+
+/// Which rate-limit headers responses carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum HeaderMode {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    #[default]
+    X,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    Ietf,
+    /// Both sets.
+    Both,
+    /// No rate-limit headers (a denial still carries `Retry-After`).
+    None,
 }
 
 /// A compiled, validated rule table. Cheap to clone.
@@ -275,7 +435,11 @@ pub struct Rules {
 
 struct RulesInner {
     set: RegexSet,
-    routes: Box<[Route]>,
+    routes: Box<[CompiledRoute]>,
+    exclude_paths: Option<RegexSet>,
+    exclude_methods: Box<[Method]>,
+    shadow: bool,
+    headers: HeaderMode,
 }
 
 impl fmt::Debug for Rules {
@@ -315,9 +479,28 @@ impl Rules {
         self.inner.routes.is_empty()
     }
 
-    /// The routes whose pattern matches `path`; `None` when none does.
-    pub(crate) fn candidates(&self, path: &str) -> Option<Candidates> {
+    /// Whether the table puts every route in shadow mode.
+    pub fn shadow(&self) -> bool {
+        self.inner.shadow
+    }
+
+    /// The headers the table asks for.
+    pub fn headers(&self) -> HeaderMode {
+        self.inner.headers
+    }
+
+    /// The routes whose pattern matches the request; `None` when none does,
+    /// or when the path or method is excluded.
+    pub(crate) fn candidates(&self, method: &Method, path: &str) -> Option<Candidates> {
         let inner = &*self.inner;
+        if inner.exclude_methods.contains(method)
+            || inner
+                .exclude_paths
+                .as_ref()
+                .is_some_and(|set| set.is_match(path))
+        {
+            return None;
+        }
         let n = inner.routes.len();
         if n <= 64 {
             let mut hits = [false; 64];
@@ -380,19 +563,49 @@ impl Rules {
 #[derive(Debug, Default)]
 #[must_use]
 pub struct RulesBuilder {
-    routes: Vec<(String, Vec<Rule>)>,
+    routes: Vec<Route>,
+    exclude_paths: Vec<String>,
+    exclude_methods: Vec<String>,
+    shadow: bool,
+    headers: HeaderMode,
 }
 
 impl RulesBuilder {
     /// Adds a route: a regular expression over the request path and its
     /// rules. Routes are tried in the order they are added.
-    pub fn route(
-        mut self,
-        pattern: impl Into<String>,
-        rules: impl IntoIterator<Item = Rule>,
-    ) -> Self {
-        self.routes
-            .push((pattern.into(), rules.into_iter().collect()));
+    pub fn route(self, pattern: impl Into<String>, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.add(Route::new(pattern).rules(rules))
+    }
+
+    /// Adds a [`Route`] (for route-wide limits and per-route shadow mode).
+    pub fn add(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+
+    /// Never limits paths matching `pattern` (e.g. `^/health`).
+    pub fn exclude_path(mut self, pattern: impl Into<String>) -> Self {
+        self.exclude_paths.push(pattern.into());
+        self
+    }
+
+    /// Never limits requests with `method` (e.g. `OPTIONS`).
+    pub fn exclude_method(mut self, method: impl AsRef<str>) -> Self {
+        self.exclude_methods
+            .push(method.as_ref().to_ascii_uppercase());
+        self
+    }
+
+    /// Shadow mode for every route: decide, log and set headers, never
+    /// deny.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Which rate-limit headers to send (default [`HeaderMode::X`]).
+    pub fn headers(mut self, headers: HeaderMode) -> Self {
+        self.headers = headers;
         self
     }
 
@@ -400,71 +613,150 @@ impl RulesBuilder {
     ///
     /// Errors name the route, the rule and the field: an invalid regular
     /// expression, a zero or negative limit, a window of zero length, two
-    /// windows of the same length in one rule, an unknown method, or a rule
-    /// that an earlier rule of its route makes unreachable.
+    /// windows of the same length in one rule, an unknown method, a rule
+    /// that an earlier rule of its route makes unreachable, zones that
+    /// disagree on their algorithm, or a zone on a route with a route-wide
+    /// limit.
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
         let mut zones: BTreeMap<&str, Algorithm> = BTreeMap::new();
-        for (ri, (pattern, rules)) in self.routes.iter().enumerate() {
+        for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
-                route: Some((ri, pattern.clone())),
+                route: Some((ri, route.pattern.clone())),
                 ..Location::default()
             };
-            if let Err(e) = regex::Regex::new(pattern) {
+            if let Err(e) = regex::Regex::new(&route.pattern) {
                 return Err(ConfigError::new(at_route, ConfigErrorKind::InvalidRegex(e)));
             }
-            let route_id = key::pattern_id(pattern);
-            let mut compiled: Vec<CompiledRule> = Vec::with_capacity(rules.len());
-            for (i, rule) in rules.iter().enumerate() {
+            let route_id = key::pattern_id(&route.pattern);
+            let pattern: Arc<str> = route.pattern.as_str().into();
+            let global = match &route.global {
+                None => None,
+                Some(limits) => {
+                    let at = Location {
+                        field: Some("global".to_owned()),
+                        ..at_route.clone()
+                    };
+                    let windows = limits.compile_windows(|field, kind| {
+                        let mut at = at.clone();
+                        if let Some(f) = field {
+                            at.field = Some(format!("global.{f}"));
+                        }
+                        ConfigError::new(at, kind)
+                    })?;
+                    if windows.is_empty() {
+                        return Err(ConfigError::new(at, ConfigErrorKind::EmptyGlobal));
+                    }
+                    Some(windows)
+                }
+            };
+            let mut compiled: Vec<CompiledRule> = Vec::with_capacity(route.rules.len());
+            for (i, rule) in route.rules.iter().enumerate() {
                 let at = Location {
                     rule: Some((i, rule.group.clone())),
                     ..at_route.clone()
                 };
                 if let Some(zone) = rule.zone.as_deref() {
-                    if *zones.entry(zone).or_insert(rule.algorithm) != rule.algorithm {
+                    let conflict = if global.is_some() {
+                        Some(ConfigErrorKind::ZoneWithGlobal)
+                    } else if *zones.entry(zone).or_insert(rule.algorithm) != rule.algorithm {
+                        Some(ConfigErrorKind::ZoneAlgorithm)
+                    } else {
+                        None
+                    };
+                    if let Some(kind) = conflict {
                         let mut at = at;
-                        at.field = Some("algorithm".to_owned());
-                        return Err(ConfigError::new(at, ConfigErrorKind::ZoneAlgorithm));
+                        at.field = Some("zone".to_owned());
+                        return Err(ConfigError::new(at, kind));
                     }
                 }
-                compiled.push(compile_rule(rule, at, &route_id, &compiled)?);
+                let context = RouteContext {
+                    id: &route_id,
+                    pattern: &pattern,
+                    global: global.as_deref(),
+                    shadow: route.shadow || self.shadow,
+                };
+                compiled.push(compile_rule(rule, at, &context, &compiled)?);
             }
-            routes.push(Route {
-                pattern: pattern.as_str().into(),
+            routes.push(CompiledRoute {
+                pattern,
                 rules: compiled.into_boxed_slice(),
             });
         }
-        let set = RegexSet::new(self.routes.iter().map(|(p, _)| p.as_str()))
+        let set = RegexSet::new(self.routes.iter().map(|r| r.pattern.as_str()))
             .map_err(|e| ConfigError::new(Location::default(), ConfigErrorKind::InvalidRegex(e)))?;
+        let exclude_at = |field: String| Location {
+            field: Some(field),
+            ..Location::default()
+        };
+        for (i, pattern) in self.exclude_paths.iter().enumerate() {
+            if let Err(e) = regex::Regex::new(pattern) {
+                return Err(ConfigError::new(
+                    exclude_at(format!("exclude.paths[{i}]")),
+                    ConfigErrorKind::InvalidRegex(e),
+                ));
+            }
+        }
+        let exclude_paths = if self.exclude_paths.is_empty() {
+            None
+        } else {
+            Some(RegexSet::new(&self.exclude_paths).map_err(|e| {
+                ConfigError::new(
+                    exclude_at("exclude.paths".to_owned()),
+                    ConfigErrorKind::InvalidRegex(e),
+                )
+            })?)
+        };
+        let mut exclude_methods = Vec::with_capacity(self.exclude_methods.len());
+        for (i, m) in self.exclude_methods.iter().enumerate() {
+            exclude_methods.push(Method::from_bytes(m.as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    exclude_at(format!("exclude.methods[{i}]")),
+                    ConfigErrorKind::InvalidMethod,
+                )
+            })?);
+        }
         Ok(Rules {
             inner: Arc::new(RulesInner {
                 set,
                 routes: routes.into_boxed_slice(),
+                exclude_paths,
+                exclude_methods: exclude_methods.into_boxed_slice(),
+                shadow: self.shadow,
+                headers: self.headers,
             }),
         })
     }
 }
 
+/// What a rule's policy takes from its route.
+struct RouteContext<'a> {
+    id: &'a str,
+    pattern: &'a Arc<str>,
+    global: Option<&'a [Window]>,
+    shadow: bool,
+}
+
 fn compile_rule(
     rule: &Rule,
     at: Location,
-    route_id: &str,
+    route: &RouteContext<'_>,
     earlier: &[CompiledRule],
 ) -> Result<CompiledRule, ConfigError> {
     let fail = |field: Option<&str>, kind| {
         let mut at = at.clone();
         at.field = field.map(str::to_owned);
-        Err(ConfigError::new(at, kind))
+        ConfigError::new(at, kind)
     };
     if rule.group.is_empty() {
-        return fail(Some("group"), ConfigErrorKind::EmptyName);
+        return Err(fail(Some("group"), ConfigErrorKind::EmptyName));
     }
     let method = match &rule.method {
         None => None,
-        Some(m) => match Method::from_bytes(m.as_bytes()) {
-            Ok(m) => Some(m),
-            Err(_) => return fail(Some("method"), ConfigErrorKind::InvalidMethod),
-        },
+        Some(m) => Some(
+            Method::from_bytes(m.as_bytes())
+                .map_err(|_| fail(Some("method"), ConfigErrorKind::InvalidMethod))?,
+        ),
     };
     // An earlier rule for the same group whose method is the same, or any,
     // would always be picked first.
@@ -472,39 +764,38 @@ fn compile_rule(
         .iter()
         .any(|e| *e.group == *rule.group && (e.method.is_none() || e.method == method))
     {
-        return fail(None, ConfigErrorKind::UnreachableRule);
+        return Err(fail(None, ConfigErrorKind::UnreachableRule));
     }
-    if rule.windows.len() > MAX_WINDOWS {
-        return fail(None, ConfigErrorKind::TooManyWindows);
+    let windows = rule.compile_windows(fail)?;
+    if rule.zone.as_deref() == Some("") {
+        return Err(fail(Some("zone"), ConfigErrorKind::EmptyName));
     }
-    let mut windows: Vec<Window> = Vec::with_capacity(rule.windows.len());
-    for (name, duration, limit) in &rule.windows {
-        let window = match Window::validate(*duration, *limit) {
-            Ok(w) => w,
-            Err(kind) => return fail(Some(name), kind),
-        };
-        if windows.iter().any(|w| w.micros == window.micros) {
-            return fail(Some(name), ConfigErrorKind::DuplicateWindow);
+    if let Some(block) = rule.block_time {
+        if block < Duration::from_millis(1) || block > MAX_WINDOW {
+            return Err(fail(Some("block_time"), ConfigErrorKind::InvalidDuration));
         }
-        windows.push(window);
     }
-    let zone = match &rule.zone {
-        Some(z) if z.is_empty() => return fail(Some("zone"), ConfigErrorKind::EmptyName),
-        z => z,
-    };
     let policy = if windows.is_empty() {
         None
     } else {
-        windows.sort_by_key(|w| w.micros);
-        let budget = match (zone, &method) {
+        let budget = match (&rule.zone, &method) {
             (Some(zone), _) => format!("z{}", key::encode(zone.as_bytes())),
-            (None, Some(m)) => format!("{route_id}.{}", key::encode(m.as_str().as_bytes())),
-            (None, None) => route_id.to_owned(),
+            (None, Some(m)) => format!("{}.{}", route.id, key::encode(m.as_str().as_bytes())),
+            (None, None) => route.id.to_owned(),
         };
+        let global = route.global.map(|windows| GlobalPolicy {
+            budget: format!("{}:*", route.id).into_boxed_str(),
+            windows: windows.into(),
+        });
         Some(Arc::new(Policy {
             budget: budget.into_boxed_str(),
+            ietf_policy: ietf_policy(&windows, route.global.unwrap_or(&[])),
             windows: windows.into(),
             algorithm: rule.algorithm,
+            global,
+            block: rule.block_time,
+            shadow: route.shadow,
+            route: route.pattern.clone(),
         }))
     };
     Ok(CompiledRule {
@@ -520,6 +811,13 @@ fn compile_rule(
 /// use tower_ratelimit::Config;
 ///
 /// let config = Config::from_toml(r#"
+///     headers = "both"                 # x | ietf | both | none
+///     shadow = false                   # true: never deny, only log and set headers
+///
+///     [exclude]
+///     paths = ["^/health"]
+///     methods = ["OPTIONS"]
+///
 ///     [groups]
 ///     "admin-key" = "admin"
 ///
@@ -528,8 +826,9 @@ fn compile_rule(
 ///     rules = [{ group = "default", second = 1 }, { group = "admin" }]
 ///
 ///     [[routes]]
-///     path = "^/multiple"
-///     rules = [{ second = 5, minute = 100, hour = 1000 }]
+///     path = "^/search"
+///     global = { second = 100 }        # shared by every user of the route
+///     rules = [{ second = 5, block_time = 60 }]
 /// "#)?;
 /// assert_eq!(config.groups()["admin-key"], "admin");
 /// assert_eq!(config.rules().len(), 2);
@@ -537,9 +836,10 @@ fn compile_rule(
 /// ```
 ///
 /// Fields of a rule: `group` (default `"default"`), `method`, `zone`,
-/// `algorithm`, `second`, `minute`, `hour`, `day`, `month` and
-/// `windows = [{ seconds = 10, limit = 5 }]` (`millis` instead of `seconds`
-/// for sub-second windows). Unknown fields are errors.
+/// `algorithm`, `block_time` (seconds), `second`, `minute`, `hour`, `day`,
+/// `month` and `windows = [{ seconds = 10, limit = 5 }]` (`millis` instead
+/// of `seconds` for sub-second windows). A route has `path`, `rules`,
+/// `global` (window fields only) and `shadow`. Unknown fields are errors.
 #[derive(Clone, Debug)]
 pub struct Config {
     groups: BTreeMap<String, String>,
@@ -552,14 +852,25 @@ impl Config {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             ConfigError::new(Location::default(), ConfigErrorKind::Parse(e.to_string()))
         })?;
-        let mut builder = Rules::builder();
+        let mut builder = Rules::builder()
+            .shadow(raw.shadow)
+            .headers(raw.headers.unwrap_or_default());
+        if let Some(exclude) = raw.exclude {
+            for path in exclude.paths {
+                builder = builder.exclude_path(path);
+            }
+            for method in exclude.methods {
+                builder = builder.exclude_method(method);
+            }
+        }
         for route in raw.routes {
-            let rules = route
-                .rules
-                .into_iter()
-                .map(RawRule::into_rule)
-                .collect::<Vec<_>>();
-            builder = builder.route(route.path, rules);
+            let mut r = Route::new(route.path)
+                .rules(route.rules.into_iter().map(RawRule::into_rule))
+                .shadow(route.shadow);
+            if let Some(global) = route.global {
+                r = r.global(global.into_rule());
+            }
+            builder = builder.add(r);
         }
         Ok(Self {
             groups: raw.groups,
@@ -590,7 +901,20 @@ struct RawConfig {
     #[serde(default)]
     groups: BTreeMap<String, String>,
     #[serde(default)]
+    shadow: bool,
+    headers: Option<HeaderMode>,
+    exclude: Option<RawExclude>,
+    #[serde(default)]
     routes: Vec<RawRoute>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExclude {
+    #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    methods: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -599,6 +923,22 @@ struct RawRoute {
     path: String,
     #[serde(default)]
     rules: Vec<RawRule>,
+    global: Option<RawWindows>,
+    #[serde(default)]
+    shadow: bool,
+}
+
+/// The window fields, shared by rules and route-wide limits.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWindows {
+    second: Option<i64>,
+    minute: Option<i64>,
+    hour: Option<i64>,
+    day: Option<i64>,
+    month: Option<i64>,
+    #[serde(default)]
+    windows: Vec<RawWindow>,
 }
 
 #[derive(Deserialize)]
@@ -608,6 +948,9 @@ struct RawRule {
     method: Option<String>,
     zone: Option<String>,
     algorithm: Option<Algorithm>,
+    block_time: Option<f64>,
+    // The window fields of `RawWindows` (serde's `flatten` cannot be combined
+    // with `deny_unknown_fields`).
     second: Option<i64>,
     minute: Option<i64>,
     hour: Option<i64>,
@@ -625,12 +968,14 @@ struct RawWindow {
     limit: i64,
 }
 
-impl RawRule {
+impl RawWindows {
     fn into_rule(self) -> Rule {
-        let mut rule = Rule::group(self.group.unwrap_or_else(|| DEFAULT_GROUP.to_owned()));
-        rule.method = self.method.map(|m| m.to_ascii_uppercase());
-        rule.zone = self.zone;
-        rule.algorithm = self.algorithm.unwrap_or_default();
+        let mut rule = Rule::new();
+        self.add_to(&mut rule);
+        rule
+    }
+
+    fn add_to(self, rule: &mut Rule) {
         let named = [
             ("second", 1, self.second),
             ("minute", 60, self.minute),
@@ -653,6 +998,29 @@ impl RawRule {
             };
             rule.push_raw(format!("windows[{i}]"), duration, w.limit);
         }
+    }
+}
+
+impl RawRule {
+    fn into_rule(self) -> Rule {
+        let mut rule = Rule::group(self.group.unwrap_or_else(|| DEFAULT_GROUP.to_owned()));
+        rule.method = self.method.map(|m| m.to_ascii_uppercase());
+        rule.zone = self.zone;
+        rule.algorithm = self.algorithm.unwrap_or_default();
+        // A negative, NaN or huge block time becomes a zero duration, which
+        // the builder reports against `block_time`.
+        rule.block_time = self
+            .block_time
+            .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO));
+        let limits = RawWindows {
+            second: self.second,
+            minute: self.minute,
+            hour: self.hour,
+            day: self.day,
+            month: self.month,
+            windows: self.windows,
+        };
+        limits.add_to(&mut rule);
         rule
     }
 }

@@ -15,7 +15,7 @@ use tower_ratelimit::{FailMode, Rule, Rules};
 
 /// Generous: the conformance suite checks decisions, not latency, on a
 /// 2-core machine that may be busy.
-const TEST_TIMEOUT: Duration = Duration::from_secs(2);
+const TEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn standalone() -> RedisStore {
     RedisStore::builder()
@@ -98,14 +98,16 @@ fn one_route(rule: Rule) -> Rules {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_one_exact_budget() {
-    // Four replicas, each with its own connection, sharing one Redis.
+    // Four replicas, each with its own connection, sharing one Redis. The
+    // deadline is generous: this is about exactness, on a debug build that
+    // shares two cores with the rest of the suite.
     let prefix = unique_prefix();
     let mut replicas = Vec::new();
     for _ in 0..4 {
         let store = RedisStore::builder()
             .url(&shared().standalone)
             .prefix(&prefix)
-            .timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
             .build()
             .await
             .unwrap();
@@ -298,9 +300,11 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
             StatusCode::TOO_MANY_REQUESTS
         );
         server.kill();
+        // A user the store never denied (a denied one stays denied from the
+        // local cache until its wait ends, store or no store).
         for _ in 0..20 {
             let started = Instant::now();
-            let reply = app.get("/a", "u").await;
+            let reply = app.get("/a", "w").await;
             let took = started.elapsed();
             match mode {
                 FailMode::Open => {

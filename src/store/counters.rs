@@ -64,6 +64,7 @@ pub(crate) fn fixed_window(
     windows: &[Window],
     cost: u32,
     now: u64,
+    record: bool,
 ) -> (Decision, u64) {
     let at = slots(state, windows);
     let cost = u64::from(cost);
@@ -90,7 +91,7 @@ pub(crate) fn fixed_window(
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
         let k = now / d;
-        if allowed {
+        if allowed && record {
             counts[i] += cost;
             state[at[i]] = [d, k, counts[i], 0];
         }
@@ -116,6 +117,7 @@ pub(crate) fn sliding_window(
     windows: &[Window],
     cost: u32,
     now: u64,
+    record: bool,
 ) -> (Decision, u64) {
     let at = slots(state, windows);
     let mut cur = [0u64; MAX_WINDOWS];
@@ -150,7 +152,7 @@ pub(crate) fn sliding_window(
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
         let k = now / d;
-        if allowed {
+        if allowed && record {
             cur[i] += u64::from(cost);
             state[at[i]] = [d, k, cur[i], prev[i]];
         }
@@ -227,6 +229,7 @@ pub(crate) fn token_bucket(
     windows: &[Window],
     cost: u32,
     now: u64,
+    record: bool,
 ) -> (Decision, u64) {
     let at = slots(state, windows);
     let cost = u64::from(cost);
@@ -247,7 +250,7 @@ pub(crate) fn token_bucket(
     let mut remaining = [0u32; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
         let (n, t) = bucket(w);
-        if allowed {
+        if allowed && record {
             tat[i] += cost * t;
             state[at[i]] = [w.micros(), tat[i], 0, 0];
         }
@@ -287,13 +290,19 @@ mod tests {
     fn fixed_window_resets_at_the_boundary() {
         let mut s = Vec::new();
         let windows = [w(1000, 2)];
-        assert!(fixed_window(&mut s, &windows, 1, 10 * S + 100).0.allowed());
-        assert!(fixed_window(&mut s, &windows, 1, 10 * S + 200).0.allowed());
-        let (d, _) = fixed_window(&mut s, &windows, 1, 10 * S + 300);
+        assert!(fixed_window(&mut s, &windows, 1, 10 * S + 100, true)
+            .0
+            .allowed());
+        assert!(fixed_window(&mut s, &windows, 1, 10 * S + 200, true)
+            .0
+            .allowed());
+        let (d, _) = fixed_window(&mut s, &windows, 1, 10 * S + 300, true);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_micros(S - 300)));
-        assert!(!fixed_window(&mut s, &windows, 1, 11 * S - 1).0.allowed());
-        assert!(fixed_window(&mut s, &windows, 1, 11 * S).0.allowed());
+        assert!(!fixed_window(&mut s, &windows, 1, 11 * S - 1, true)
+            .0
+            .allowed());
+        assert!(fixed_window(&mut s, &windows, 1, 11 * S, true).0.allowed());
     }
 
     #[test]
@@ -301,30 +310,34 @@ mod tests {
         let mut s = Vec::new();
         let windows = [w(1000, 10)];
         for _ in 0..10 {
-            assert!(sliding_window(&mut s, &windows, 1, 10 * S).0.allowed());
+            assert!(sliding_window(&mut s, &windows, 1, 10 * S, true)
+                .0
+                .allowed());
         }
         // Half-way through the next window the previous 10 weigh 5.
         let mut allowed = 0;
         for _ in 0..10 {
             allowed += u32::from(
-                sliding_window(&mut s, &windows, 1, 11 * S + S / 2)
+                sliding_window(&mut s, &windows, 1, 11 * S + S / 2, true)
                     .0
                     .allowed(),
             );
         }
         assert_eq!(allowed, 5);
-        let (d, _) = sliding_window(&mut s, &windows, 1, 11 * S + S / 2);
+        let (d, _) = sliding_window(&mut s, &windows, 1, 11 * S + S / 2, true);
         let wait = d.retry_after().unwrap().as_micros() as u64;
         // One more fits once the previous window weighs 4: at 60 %.
         assert_eq!(wait, S / 10);
         assert!(
-            !sliding_window(&mut s, &windows, 1, 11 * S + S / 2 + wait - 1)
+            !sliding_window(&mut s, &windows, 1, 11 * S + S / 2 + wait - 1, true)
                 .0
                 .allowed()
         );
-        assert!(sliding_window(&mut s, &windows, 1, 11 * S + S / 2 + wait)
-            .0
-            .allowed());
+        assert!(
+            sliding_window(&mut s, &windows, 1, 11 * S + S / 2 + wait, true)
+                .0
+                .allowed()
+        );
     }
 
     #[test]
@@ -332,32 +345,32 @@ mod tests {
         let mut s = Vec::new();
         let windows = [w(1000, 4)];
         for left in (0..4).rev() {
-            let (d, _) = token_bucket(&mut s, &windows, 1, 10 * S);
+            let (d, _) = token_bucket(&mut s, &windows, 1, 10 * S, true);
             assert!(d.allowed());
             assert_eq!(d.windows()[0].remaining, left);
         }
-        let (d, _) = token_bucket(&mut s, &windows, 1, 10 * S);
+        let (d, _) = token_bucket(&mut s, &windows, 1, 10 * S, true);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
-        assert!(!token_bucket(&mut s, &windows, 1, 10 * S + S / 4 - 1)
+        assert!(!token_bucket(&mut s, &windows, 1, 10 * S + S / 4 - 1, true)
             .0
             .allowed());
-        assert!(token_bucket(&mut s, &windows, 1, 10 * S + S / 4)
+        assert!(token_bucket(&mut s, &windows, 1, 10 * S + S / 4, true)
             .0
             .allowed());
     }
 
     #[test]
     fn denied_requests_leave_every_state_untouched() {
-        type Algorithm = fn(&mut Vec<Slot>, &[Window], u32, u64) -> (Decision, u64);
+        type Algorithm = fn(&mut Vec<Slot>, &[Window], u32, u64, bool) -> (Decision, u64);
         for algorithm in [fixed_window as Algorithm, sliding_window, token_bucket] {
             let mut s = Vec::new();
             let windows = [w(1000, 5), w(60_000, 2)];
-            assert!(algorithm(&mut s, &windows, 1, S).0.allowed());
-            assert!(algorithm(&mut s, &windows, 1, S).0.allowed());
+            assert!(algorithm(&mut s, &windows, 1, S, true).0.allowed());
+            assert!(algorithm(&mut s, &windows, 1, S, true).0.allowed());
             let before = s.clone();
             for _ in 0..5 {
-                assert!(!algorithm(&mut s, &windows, 1, S + 10).0.allowed());
+                assert!(!algorithm(&mut s, &windows, 1, S + 10, true).0.allowed());
             }
             assert_eq!(s, before);
         }

@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use std::hash::BuildHasher;
 
@@ -81,9 +82,114 @@ struct ShardState {
 struct Entry {
     hash: u64,
     budget: Box<str>,
-    /// When every window of this budget will be empty (microseconds).
+    /// When this budget's state becomes garbage: every window empty and no
+    /// block running (microseconds).
     expires: u64,
+    /// The end of a block (`block_time`), or 0.
+    blocked_until: u64,
     state: State,
+}
+
+impl Entry {
+    fn new(hash: u64, budget: &str, algorithm: Algorithm) -> Self {
+        Self {
+            hash,
+            budget: budget.into(),
+            expires: 0,
+            blocked_until: 0,
+            state: State::new(algorithm),
+        }
+    }
+
+    /// Whether the entry holds anything at `now`.
+    fn live(&self, now: u64) -> bool {
+        self.expires > now || self.blocked_until > now
+    }
+
+    /// Decides on `check` with this entry as the user's budget and `global`
+    /// as the route's: blocks first, then both budgets' windows, recorded
+    /// in both or neither. The Redis scripts' epilogue does the same.
+    fn decide(&mut self, check: &Check, global: Option<&mut Entry>, now: u64) -> Decision {
+        let all_windows = || {
+            let global = check
+                .global
+                .as_ref()
+                .map(|g| g.windows.iter())
+                .into_iter()
+                .flatten();
+            check.windows.iter().chain(global).copied()
+        };
+        if check.block.is_some() && self.blocked_until > now {
+            return Decision::new_blocked(
+                Duration::from_micros(self.blocked_until - now),
+                all_windows(),
+            );
+        }
+        let cost = check.cost;
+        let algorithm = check.algorithm;
+        let decision = match (global, &check.global) {
+            (Some(route), Some(g)) => {
+                // Look at both without recording, then record in both only
+                // if both allow.
+                let user = self.run(algorithm, &check.windows, cost, now, false);
+                let shared = route.run(algorithm, &g.windows, cost, now, false);
+                if user.allowed() && shared.allowed() {
+                    let user = self.run(algorithm, &check.windows, cost, now, true);
+                    let shared = route.run(algorithm, &g.windows, cost, now, true);
+                    Decision::join(user, shared)
+                } else {
+                    let user_denied = !user.allowed();
+                    let joined = Decision::join(user, shared);
+                    if user_denied {
+                        return self.block(check, joined, now, all_windows());
+                    }
+                    joined
+                }
+            }
+            _ => {
+                let user = self.run(algorithm, &check.windows, cost, now, true);
+                if !user.allowed() {
+                    return self.block(check, user, now, all_windows());
+                }
+                user
+            }
+        };
+        decision
+    }
+
+    /// The answer to a request the user's own windows denied: a block, if
+    /// the rule has one, reporting the longer of the block and the wait.
+    fn block(
+        &mut self,
+        check: &Check,
+        denied: Decision,
+        now: u64,
+        windows: impl Iterator<Item = crate::rules::Window>,
+    ) -> Decision {
+        let Some(block) = check.block else {
+            return denied;
+        };
+        let wait = block.max(denied.retry_after().unwrap_or_default());
+        self.blocked_until = now.saturating_add(crate::clock::duration_micros(block));
+        Decision::new_blocked(wait, windows)
+    }
+
+    /// Runs the algorithm on this entry's state; records when allowed and
+    /// `record` is set, and keeps the expiry in step.
+    fn run(
+        &mut self,
+        algorithm: Algorithm,
+        windows: &[crate::rules::Window],
+        cost: u32,
+        now: u64,
+        record: bool,
+    ) -> Decision {
+        let (decision, expires) = self.state.run(algorithm, windows, cost, now, record);
+        if record && decision.allowed() {
+            self.expires = self.expires.max(expires);
+        }
+        decision
+    }
 }
 
 /// A budget's state, by algorithm.
@@ -101,32 +207,37 @@ impl State {
         }
     }
 
-    /// Runs `check` on this state; returns the decision and when the state
-    /// becomes garbage.
-    fn run(&mut self, check: &Check, now: u64) -> (Decision, u64) {
-        let windows = &check.windows;
-        let cost = check.cost;
-        match (check.algorithm, self) {
+    /// Runs `algorithm` on this state; returns the decision and when the
+    /// state becomes garbage.
+    fn run(
+        &mut self,
+        algorithm: Algorithm,
+        windows: &[crate::rules::Window],
+        cost: u32,
+        now: u64,
+        record: bool,
+    ) -> (Decision, u64) {
+        match (algorithm, self) {
             (Algorithm::SlidingLog, State::Log(log)) => {
-                let decision = sliding_log::check(log, windows, cost, now);
+                let decision = sliding_log::check(log, windows, cost, now, record);
                 let longest = windows.last().map_or(0, |w| w.micros());
                 let expires = log.back().map_or(now, |&t| t.saturating_add(longest));
                 (decision, expires)
             }
             (Algorithm::FixedWindow, State::Slots(s)) => {
-                counters::fixed_window(s, windows, cost, now)
+                counters::fixed_window(s, windows, cost, now, record)
             }
             (Algorithm::SlidingWindow, State::Slots(s)) => {
-                counters::sliding_window(s, windows, cost, now)
+                counters::sliding_window(s, windows, cost, now, record)
             }
             (Algorithm::TokenBucket, State::Slots(s)) => {
-                counters::token_bucket(s, windows, cost, now)
+                counters::token_bucket(s, windows, cost, now, record)
             }
             // A state of another shape (rules cannot make one: zones share
             // an algorithm); start afresh rather than misread it.
             (algorithm, state) => {
                 *state = State::new(algorithm);
-                state.run(check, now)
+                state.run(algorithm, windows, cost, now, record)
             }
         }
     }
@@ -198,45 +309,85 @@ impl MemoryStore {
             .sum()
     }
 
+    /// Decides at once (the memory store never waits).
+    pub(crate) fn decide_now(&self, check: &Check) -> Decision {
+        self.decide(check)
+    }
+
+    fn shard_of(&self, hash: u64) -> usize {
+        // `shift` is at most 60 (at least 16 shards): the index is in range.
+        usize::try_from(hash >> self.inner.shift).unwrap_or(0) % self.inner.shards.len()
+    }
+
     fn decide(&self, check: &Check) -> Decision {
         let inner = &*self.inner;
         let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
         let hash = inner.hasher.hash_one(check.budget.as_str());
-        // `shift` is at most 60 (at least 16 shards), so this cannot overflow.
-        let index = usize::try_from(hash >> inner.shift).unwrap_or(0);
-        let Some(shard) = inner.shards.get(index) else {
-            return Decision::new(true, None, std::time::Duration::ZERO, []);
-        };
-        let mut shard = lock(shard);
-        if let Some(entry) = shard.table.find_mut(hash, |e| *e.budget == *check.budget) {
-            let (decision, expires) = entry.state.run(check, now);
-            if decision.allowed() {
-                entry.expires = expires;
+        let user_shard = self.shard_of(hash);
+        let Some(global) = &check.global else {
+            let mut shard = lock(&inner.shards[user_shard]);
+            if let Some(entry) = shard.table.find_mut(hash, |e| *e.budget == *check.budget) {
+                return entry.decide(check, None, now);
+            }
+            let mut entry = Entry::new(hash, &check.budget, check.algorithm);
+            let decision = entry.decide(check, None, now);
+            // A denied first request without a block leaves nothing to keep.
+            if entry.live(now) {
+                shard.insert(entry, now);
             }
             return decision;
-        }
-        let mut state = State::new(check.algorithm);
-        let (decision, expires) = state.run(check, now);
-        // A denied first request changed nothing worth keeping.
-        if decision.allowed() {
-            if shard.table.len() + 1 >= shard.sweep_at {
-                shard.sweep(now);
+        };
+        // Two budgets, perhaps in two shards: lock them in index order so
+        // concurrent checks cannot deadlock, take both entries out, decide,
+        // and put back what is still live.
+        let global_hash = inner.hasher.hash_one(global.budget.as_str());
+        let global_shard = self.shard_of(global_hash);
+        let (mut first, mut second) = match user_shard.cmp(&global_shard) {
+            std::cmp::Ordering::Equal => (lock(&inner.shards[user_shard]), None),
+            std::cmp::Ordering::Less => {
+                let a = lock(&inner.shards[user_shard]);
+                (a, Some(lock(&inner.shards[global_shard])))
             }
-            let entry = Entry {
-                hash,
-                budget: check.budget.as_str().into(),
-                expires,
-                state,
-            };
-            shard.table.insert_unique(hash, entry, |e| e.hash);
+            std::cmp::Ordering::Greater => {
+                let b = lock(&inner.shards[global_shard]);
+                (lock(&inner.shards[user_shard]), Some(b))
+            }
+        };
+        let mut user = first
+            .take(hash, &check.budget)
+            .unwrap_or_else(|| Entry::new(hash, &check.budget, check.algorithm));
+        let route_shard = second.as_deref_mut().unwrap_or(&mut first);
+        let mut route = route_shard
+            .take(global_hash, &global.budget)
+            .unwrap_or_else(|| Entry::new(global_hash, &global.budget, check.algorithm));
+        let decision = user.decide(check, Some(&mut route), now);
+        if route.live(now) {
+            route_shard.insert(route, now);
+        }
+        if user.live(now) {
+            first.insert(user, now);
         }
         decision
     }
 }
 
 impl ShardState {
+    fn take(&mut self, hash: u64, budget: &str) -> Option<Entry> {
+        let entry = self.table.find_entry(hash, |e| *e.budget == *budget).ok()?;
+        Some(entry.remove().0)
+    }
+
+    /// Inserts an entry that is not in the table, sweeping first when the
+    /// table has doubled since the last sweep.
+    fn insert(&mut self, entry: Entry, now: u64) {
+        if self.table.len() + 1 >= self.sweep_at {
+            self.sweep(now);
+        }
+        self.table.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+
     fn sweep(&mut self, now: u64) {
-        self.table.retain(|e| e.expires > now);
+        self.table.retain(|e| e.live(now));
         if self.table.capacity() > 4 * self.table.len().max(MIN_SWEEP_LEN) {
             self.table.shrink_to_fit(|e| e.hash);
         }

@@ -21,13 +21,11 @@ use crate::clock::Timestamp;
 use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
 pub(crate) mod counters;
-#[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub(crate) mod sliding_log;
 
-#[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 
 /// One question to a store: may this budget spend `cost` now?
@@ -46,24 +44,85 @@ pub struct Check {
     /// The time of the check when a clock was injected into the layer; `None`
     /// lets the store use its own clock (Redis: the server's `TIME`).
     pub now: Option<Timestamp>,
+    /// A route-wide budget shared by every user, decided in the same atomic
+    /// step: the request is allowed only if both budgets allow it, and is
+    /// recorded in both or in neither.
+    pub global: Option<GlobalCheck>,
+    /// When the user's own windows deny the request, block the user's
+    /// budget for this long (set atomically with the decision).
+    pub block: Option<Duration>,
+}
+
+/// The route-wide part of a [`Check`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct GlobalCheck {
+    /// The route's budget: `<route id>:*` (the Redis store uses the route id
+    /// as the hash tag of every key of such a check).
+    pub budget: String,
+    /// Its windows, shortest first.
+    pub windows: Arc<[Window]>,
+}
+
+impl GlobalCheck {
+    /// A route-wide budget.
+    pub fn new(budget: impl Into<String>, windows: impl Into<Arc<[Window]>>) -> Self {
+        Self {
+            budget: budget.into(),
+            windows: sorted(windows.into()),
+        }
+    }
+
+    /// The hash tag shared by every key of a check with this global part.
+    pub fn tag(&self) -> &str {
+        self.budget
+            .split_once(':')
+            .map_or(self.budget.as_str(), |(tag, _)| tag)
+    }
+}
+
+fn sorted(windows: Arc<[Window]>) -> Arc<[Window]> {
+    if windows.is_sorted_by_key(|w| w.micros()) {
+        return windows;
+    }
+    let mut sorted = windows.to_vec();
+    sorted.sort_by_key(|w| w.micros());
+    sorted.into()
 }
 
 impl Check {
     /// A check of `budget` against `windows`, costing 1, on the store's clock.
     pub fn new(budget: impl Into<String>, windows: impl Into<Arc<[Window]>>) -> Self {
-        let mut windows: Arc<[Window]> = windows.into();
-        if !windows.is_sorted_by_key(|w| w.micros()) {
-            let mut sorted = windows.to_vec();
-            sorted.sort_by_key(|w| w.micros());
-            windows = sorted.into();
-        }
         Self {
             budget: budget.into(),
-            windows,
+            windows: sorted(windows.into()),
             algorithm: Algorithm::default(),
             cost: 1,
             now: None,
+            global: None,
+            block: None,
         }
+    }
+
+    /// Counts requests with `algorithm`.
+    #[must_use]
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Also checks a route-wide budget.
+    #[must_use]
+    pub fn with_global(mut self, global: GlobalCheck) -> Self {
+        self.global = Some(global);
+        self
+    }
+
+    /// Blocks the user's budget for `block` when its windows deny.
+    #[must_use]
+    pub fn with_block(mut self, block: Duration) -> Self {
+        self.block = Some(block);
+        self
     }
 
     /// Sets the cost of the request.
@@ -103,15 +162,16 @@ impl WindowState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
+    blocked: bool,
     retry_after: Option<Duration>,
     reset_after: Duration,
-    windows: ArrayVec<WindowState, MAX_WINDOWS>,
+    windows: ArrayVec<WindowState, { 2 * MAX_WINDOWS }>,
 }
 
 impl Decision {
-    /// A decision. `windows` beyond [`MAX_WINDOWS`] are ignored;
-    /// `reset_after` belongs to the [constraining](Self::constraining)
-    /// window.
+    /// A decision. `windows` (the user's, then the route-wide ones) beyond
+    /// `2 * MAX_WINDOWS` are ignored; `reset_after` belongs to the
+    /// [constraining](Self::constraining) window.
     pub fn new(
         allowed: bool,
         retry_after: Option<Duration>,
@@ -120,10 +180,67 @@ impl Decision {
     ) -> Self {
         Self {
             allowed,
+            blocked: false,
             retry_after: if allowed { None } else { retry_after },
             reset_after,
-            windows: windows.into_iter().take(MAX_WINDOWS).collect(),
+            windows: windows.into_iter().take(2 * MAX_WINDOWS).collect(),
         }
+    }
+
+    /// A denial because the user is blocked for `wait` more: every window
+    /// reports nothing remaining, and the block's end as its reset.
+    pub fn new_blocked(wait: Duration, windows: impl IntoIterator<Item = Window>) -> Self {
+        let mut decision = Self::new(
+            false,
+            Some(wait),
+            wait,
+            windows.into_iter().map(|w| WindowState::new(w, 0)),
+        );
+        decision.blocked = true;
+        decision
+    }
+
+    /// Whether the request was denied by a block (`block_time`) rather than
+    /// by a window.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// This decision, `elapsed` later: the waits shortened by it (a
+    /// cached denial replayed).
+    pub(crate) fn rewound(&self, elapsed: Duration) -> Decision {
+        let mut decision = self.clone();
+        decision.retry_after = self.retry_after.map(|r| r.saturating_sub(elapsed));
+        decision.reset_after = self.reset_after.saturating_sub(elapsed);
+        decision
+    }
+
+    /// Joins the decisions on a user's budget and on its route's budget:
+    /// allowed only if both are; the longest wait; the constraining window
+    /// of the two (the user's on ties).
+    pub(crate) fn join(user: Decision, global: Decision) -> Decision {
+        let min = |d: &Decision| {
+            d.windows
+                .iter()
+                .map(|w| w.remaining)
+                .min()
+                .unwrap_or(u32::MAX)
+        };
+        let reset = if min(&user) <= min(&global) {
+            user.reset_after
+        } else {
+            global.reset_after
+        };
+        let retry = user
+            .retry_after
+            .unwrap_or_default()
+            .max(global.retry_after.unwrap_or_default());
+        Decision::new(
+            user.allowed && global.allowed,
+            Some(retry),
+            reset,
+            user.windows.into_iter().chain(global.windows),
+        )
     }
 
     /// Whether the request may pass.
@@ -151,7 +268,13 @@ impl Decision {
     /// The window with the fewest requests remaining (ties: the shorter
     /// window): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
-        constraining(self.windows.iter().map(|w| w.remaining)).and_then(|i| self.windows.get(i))
+        self.constraining_index().and_then(|i| self.windows.get(i))
+    }
+
+    /// The index of the [constraining](Self::constraining) window in
+    /// [`windows`](Self::windows).
+    pub fn constraining_index(&self) -> Option<usize> {
+        constraining(self.windows.iter().map(|w| w.remaining))
     }
 }
 

@@ -33,7 +33,9 @@
 //!
 //! # Key layout
 //!
-//! One key per budget: `<prefix>:{<policy>:<user>}:<algorithm>`, where
+//! One key per budget: `<prefix>:{<policy>:<user>}:<algorithm>` (and
+//! `<prefix>:{<policy>:<user>}:b`, the block marker, for rules with a
+//! `block_time`), where
 //!
 //! - `<prefix>` is [`RedisStoreBuilder::prefix`] (default `rl`);
 //! - `<policy>` is `r` + 16 hex digits of the SHA-256 of the route pattern
@@ -44,6 +46,11 @@
 //!
 //! The braces make `<policy>:<user>` the hash tag, so every key of one check
 //! lives in one Cluster slot; encoded parts never contain `{`, `}` or `:`.
+//! A route with a route-wide limit tags every key with the route instead:
+//! `<prefix>:{r<route>}:<policy>:<user>:<algorithm>` for users and
+//! `<prefix>:{r<route>}:*:<algorithm>` for the route's own budget, so the
+//! user's and the route's windows are decided in one script call, at the
+//! price of one hot slot per such route on Cluster.
 //! `<algorithm>` is `l` (sliding log: a sorted set whose members and scores
 //! are microsecond timestamps), `w` (sliding window: a hash of per-window
 //! counters), `f` (fixed window: a hash) or `t` (token bucket: a hash of
@@ -69,12 +76,14 @@ macro_rules! script {
     ($file:literal) => {
         concat!(
             include_str!("../../scripts/prelude.lua"),
-            include_str!(concat!("../../scripts/", $file))
+            include_str!(concat!("../../scripts/", $file)),
+            include_str!("../../scripts/epilogue.lua")
         )
     };
 }
 
-/// The sliding-log script (`scripts/prelude.lua` + `scripts/sliding_log.lua`).
+/// The sliding-log script (`scripts/prelude.lua` + `scripts/sliding_log.lua`
+/// + `scripts/epilogue.lua`).
 pub const SLIDING_LOG_LUA: &str = script!("sliding_log.lua");
 /// The sliding-window-counter script.
 pub const SLIDING_WINDOW_LUA: &str = script!("sliding_window.lua");
@@ -365,34 +374,55 @@ impl RedisStore {
         Self::builder().url(url).build().await
     }
 
-    /// The Redis key of a budget counted by `algorithm` (see the
-    /// [key layout](self#key-layout)).
-    pub fn key(&self, budget: &str, algorithm: Algorithm) -> String {
-        let prefix = &self.inner.prefix;
-        let mut key = String::with_capacity(prefix.len() + budget.len() + 5);
-        key.push_str(prefix);
-        key.push_str(":{");
-        key.push_str(budget);
-        key.push_str("}:");
-        key.push_str(suffix(algorithm));
-        key
+    /// The Redis keys of a check: the user's state, the user's block marker,
+    /// and the route-wide state (see the [key layout](self#key-layout)).
+    pub fn keys(&self, check: &Check) -> [String; 3] {
+        let prefix = &*self.inner.prefix;
+        let alg = suffix(check.algorithm);
+        match &check.global {
+            // Every key shares the route's tag, so the script may touch them
+            // all on one Cluster node.
+            Some(global) => {
+                let tag = global.tag();
+                [
+                    format!("{prefix}:{{{tag}}}:{}:{alg}", check.budget),
+                    format!("{prefix}:{{{tag}}}:{}:b", check.budget),
+                    format!("{prefix}:{{{tag}}}:*:{alg}"),
+                ]
+            }
+            None => {
+                let budget = &check.budget;
+                [
+                    format!("{prefix}:{{{budget}}}:{alg}"),
+                    format!("{prefix}:{{{budget}}}:b"),
+                    String::new(),
+                ]
+            }
+        }
     }
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
         let store = RedisStore {
             inner: inner.clone(),
         };
-        let mut invocation = inner
-            .scripts
-            .get(check.algorithm)
-            .key(store.key(&check.budget, check.algorithm));
+        let [state, block, global] = store.keys(&check);
+        let mut invocation = inner.scripts.get(check.algorithm).prepare_invoke();
+        invocation.key(state).key(block);
+        if check.global.is_some() {
+            invocation.key(global);
+        }
         match check.now {
             Some(now) => invocation.arg(now.as_micros()),
             None => invocation.arg(""),
         };
-        invocation.arg(check.cost);
-        for w in check.windows.iter() {
-            invocation.arg(w.micros()).arg(w.limit());
+        let block_us = check.block.map_or(0, crate::clock::duration_micros);
+        invocation.arg(check.cost).arg(block_us);
+        let global_windows = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
+        for windows in [&check.windows[..], global_windows] {
+            invocation.arg(windows.len());
+            for w in windows {
+                invocation.arg(w.micros()).arg(w.limit());
+            }
         }
         let call = async {
             match &inner.backend {
@@ -433,18 +463,22 @@ where
         .map_err(store_error)
 }
 
-/// Reads the script's reply: `{ allowed, retry_us, reset_us, remaining* }`.
+/// Reads the script's reply:
+/// `{ allowed, retry_us, reset_us, blocked, remaining* }`.
 fn decode(check: &Check, reply: &[i64]) -> Result<Decision, StoreError> {
-    let [allowed, retry, reset, remaining @ ..] = reply else {
+    let [allowed, retry, reset, blocked, remaining @ ..] = reply else {
         return Err(unexpected(reply));
     };
-    if remaining.len() != check.windows.len() {
+    let global = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
+    let windows = check.windows.iter().chain(global);
+    if remaining.len() != check.windows.len() + global.len() {
         return Err(unexpected(reply));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    let states = check
-        .windows
-        .iter()
+    if *blocked == 1 {
+        return Ok(Decision::new_blocked(micros(*retry), windows.copied()));
+    }
+    let states = windows
         .zip(remaining)
         .map(|(w, &r)| WindowState::new(*w, u32::try_from(r.max(0)).unwrap_or(u32::MAX)));
     Ok(Decision::new(

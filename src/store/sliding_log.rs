@@ -16,8 +16,14 @@ use crate::rules::{Window, MAX_WINDOWS};
 
 /// Decides on a request of `cost` at `now` against `windows` (shortest
 /// first), trims entries older than the longest window, and records the
-/// request when allowed.
-pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now: u64) -> Decision {
+/// request when allowed and `record` is set.
+pub(crate) fn check(
+    log: &mut VecDeque<u64>,
+    windows: &[Window],
+    cost: u32,
+    now: u64,
+    record: bool,
+) -> Decision {
     let longest = windows.last().map_or(0, Window::micros);
     while log
         .front()
@@ -46,8 +52,8 @@ pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now:
             retry = retry.max(wait);
         }
     }
-    if allowed {
-        record(log, now, cost);
+    if allowed && record {
+        push(log, now, cost);
         for count in counts.iter_mut().take(windows.len()) {
             *count += u64::from(cost);
         }
@@ -74,7 +80,7 @@ pub(crate) fn check(log: &mut VecDeque<u64>, windows: &[Window], cost: u32, now:
 }
 
 /// Takes the first `cost` free microseconds at or after `now`.
-fn record(log: &mut VecDeque<u64>, now: u64, cost: u32) {
+fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
     // The common case: time moved forward past the newest entry.
     if log.back().is_none_or(|&last| last < now) {
         log.extend((0..u64::from(cost)).map(|i| now + i));
@@ -105,26 +111,26 @@ mod tests {
     fn allows_up_to_the_limit_then_reports_exact_retry() {
         let mut log = VecDeque::new();
         let windows = [w(1, 2)];
-        assert!(check(&mut log, &windows, 1, 10 * S).allowed());
-        assert!(check(&mut log, &windows, 1, 10 * S).allowed());
-        let d = check(&mut log, &windows, 1, 10 * S);
+        assert!(check(&mut log, &windows, 1, 10 * S, true).allowed());
+        assert!(check(&mut log, &windows, 1, 10 * S, true).allowed());
+        let d = check(&mut log, &windows, 1, 10 * S, true);
         assert!(!d.allowed());
         // The second entry was recorded one microsecond later; the first
         // leaves at 11 s, which frees one slot.
         assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
         assert_eq!(d.reset_after(), Duration::from_secs(1));
-        assert!(!check(&mut log, &windows, 1, 11 * S - 1).allowed());
-        assert!(check(&mut log, &windows, 1, 11 * S).allowed());
+        assert!(!check(&mut log, &windows, 1, 11 * S - 1, true).allowed());
+        assert!(check(&mut log, &windows, 1, 11 * S, true).allowed());
     }
 
     #[test]
     fn denied_requests_consume_nothing() {
         let mut log = VecDeque::new();
         let windows = [w(1, 5), w(60, 2)];
-        assert!(check(&mut log, &windows, 1, S).allowed());
-        assert!(check(&mut log, &windows, 1, S).allowed());
+        assert!(check(&mut log, &windows, 1, S, true).allowed());
+        assert!(check(&mut log, &windows, 1, S, true).allowed());
         for _ in 0..10 {
-            assert!(!check(&mut log, &windows, 1, 2 * S).allowed());
+            assert!(!check(&mut log, &windows, 1, 2 * S, true).allowed());
         }
         assert_eq!(log.len(), 2);
     }
@@ -132,7 +138,7 @@ mod tests {
     #[test]
     fn cost_above_limit_is_denied_with_the_window_as_wait() {
         let mut log = VecDeque::new();
-        let d = check(&mut log, &[w(10, 3)], 4, S);
+        let d = check(&mut log, &[w(10, 3)], 4, S, true);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_secs(10)));
         assert!(log.is_empty());
@@ -142,8 +148,8 @@ mod tests {
     fn a_clock_that_goes_back_takes_free_slots() {
         let mut log = VecDeque::new();
         let windows = [w(10, 10)];
-        check(&mut log, &windows, 2, 5 * S);
-        check(&mut log, &windows, 2, 5 * S - 1);
+        check(&mut log, &windows, 2, 5 * S, true);
+        check(&mut log, &windows, 2, 5 * S - 1, true);
         assert_eq!(log, [5 * S - 1, 5 * S, 5 * S + 1, 5 * S + 2]);
     }
 }

@@ -1,0 +1,144 @@
+//! The local cache of denials.
+//!
+//! When the store says a budget is denied for a request of cost `c` until
+//! `T`, a request of cost `c` or more for that budget cannot pass before `T`
+//! (denied requests consume nothing, and nothing but time frees a slot), so
+//! the layer can deny it in-process, with no store round trip. Under attack
+//! this keeps the store's load flat.
+//!
+//! The cache is sharded (no global lock), bounded (entries beyond the
+//! capacity are simply not cached; expired ones are dropped as shards
+//! fill), and costs one atomic load per request while it is empty.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::store::Decision;
+
+const SHARDS: usize = 16;
+
+#[derive(Debug)]
+struct Denied {
+    until: u64,
+    at: u64,
+    cost: u32,
+    decision: Decision,
+}
+
+/// Budgets known to be denied, until when.
+#[derive(Debug)]
+pub(crate) struct DenialCache {
+    shards: Box<[Mutex<HashMap<Box<str>, Denied>>]>,
+    hasher: foldhash::fast::RandomState,
+    per_shard: usize,
+    len: AtomicUsize,
+}
+
+impl DenialCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    fn shard(&self, budget: &str) -> &Mutex<HashMap<Box<str>, Denied>> {
+        let i = usize::try_from(self.hasher.hash_one(budget)).unwrap_or(0) % SHARDS;
+        &self.shards[i]
+    }
+
+    /// The cached denial of a request of `cost` for `budget` at `now`
+    /// (microseconds on the layer's clock), with its waits shortened by the
+    /// time since it was cached.
+    pub(crate) fn get(&self, budget: &str, cost: u32, now: u64) -> Option<Decision> {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut shard = self
+            .shard(budget)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let hit = shard.get(budget)?;
+        if hit.until <= now {
+            shard.remove(budget);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        (cost >= hit.cost).then(|| hit.decision.rewound(Duration::from_micros(now - hit.at)))
+    }
+
+    /// Remembers that `budget` is denied for requests of `cost` or more
+    /// until `now + decision.retry_after()`.
+    pub(crate) fn insert(&self, budget: &str, cost: u32, now: u64, decision: &Decision) {
+        let Some(wait) = decision.retry_after().filter(|w| !w.is_zero()) else {
+            return;
+        };
+        let until = now.saturating_add(crate::clock::duration_micros(wait));
+        let mut shard = self
+            .shard(budget)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if shard.len() >= self.per_shard && !shard.contains_key(budget) {
+            let before = shard.len();
+            shard.retain(|_, d| d.until > now);
+            self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
+            if shard.len() >= self.per_shard {
+                return;
+            }
+        }
+        let entry = Denied {
+            until,
+            at: now,
+            cost,
+            decision: decision.clone(),
+        };
+        if shard.insert(budget.into(), entry).is_none() {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied(ms: u64) -> Decision {
+        Decision::new(
+            false,
+            Some(Duration::from_millis(ms)),
+            Duration::from_millis(ms),
+            [],
+        )
+    }
+
+    #[test]
+    fn serves_denials_until_they_expire() {
+        let cache = DenialCache::new(100);
+        assert!(cache.get("b", 1, 0).is_none());
+        cache.insert("b", 2, 1_000, &denied(10));
+        // Cheaper requests might pass: they go to the store.
+        assert!(cache.get("b", 1, 1_000).is_none());
+        let hit = cache.get("b", 2, 4_000).unwrap();
+        assert_eq!(hit.retry_after(), Some(Duration::from_millis(7)));
+        assert!(cache.get("b", 5, 10_999).is_some());
+        assert!(cache.get("b", 5, 11_000).is_none());
+        assert_eq!(cache.len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn is_bounded() {
+        let cache = DenialCache::new(32);
+        for i in 0..10_000 {
+            cache.insert(&format!("b{i}"), 1, 0, &denied(1000));
+        }
+        assert!(cache.len.load(Ordering::Relaxed) <= 32);
+        // Expired entries make room again.
+        cache.insert("late", 1, 2_000_000, &denied(1000));
+        assert!(cache.get("late", 1, 2_000_001).is_some());
+    }
+}
