@@ -1,6 +1,7 @@
 //! Property: the memory store and the Redis scripts are the same function.
 //! Random request sequences (random users, gaps from 0 to 2.5 s with many
-//! exact collisions, costs from 1 to 3, 1 to 3 windows) go to both, at the
+//! exact collisions, costs from 1 to 3, 1 to 3 windows, with or without a
+//! route-wide budget and a block time) go to both, at the
 //! same injected instants, and every decision must be identical: allowed,
 //! retry time, reset time and every window's remaining count, to the
 //! microsecond.
@@ -14,7 +15,7 @@ use proptest::prelude::*;
 use support::redis_server::{shared, unique_prefix};
 use tower_ratelimit::clock::Timestamp;
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{Algorithm, Check, MemoryStore, Store, Window};
+use tower_ratelimit::{Algorithm, Check, GlobalCheck, MemoryStore, Store, Window};
 
 #[derive(Debug, Clone)]
 struct Step {
@@ -66,6 +67,8 @@ proptest! {
         windows in windows(),
         start_offset in 0u64..10_000_000,
         steps in proptest::collection::vec(step(), 1..80),
+        global in proptest::option::of(windows()),
+        block_ms in proptest::option::of(1u64..3_000),
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
@@ -78,6 +81,7 @@ proptest! {
                 .unwrap();
             let memory = MemoryStore::new();
             let windows: Arc<[Window]> = windows.into();
+            let global: Option<Arc<[Window]>> = global.map(Into::into);
             let mut now = 1_767_225_600_000_000 + start_offset;
             for (i, step) in steps.iter().enumerate() {
                 now += step.gap_us;
@@ -85,6 +89,12 @@ proptest! {
                     .with_cost(step.cost)
                     .at(Timestamp::from_micros(now));
                 check.algorithm = algorithm;
+                if let Some(global) = &global {
+                    check = check.with_global(GlobalCheck::new("r0:*", global.clone()));
+                }
+                if let Some(ms) = block_ms {
+                    check = check.with_block(Duration::from_millis(ms));
+                }
                 let expected = memory.check(check.clone()).await.unwrap();
                 let actual = redis.check(check).await.unwrap();
                 prop_assert_eq!(&actual, &expected, "step {} of {:?}", i, steps);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use tower_ratelimit::{Algorithm, Rule, Rules, Store};
+use tower_ratelimit::{Algorithm, Route, Rule, Rules, Store};
 
 use super::App;
 
@@ -27,6 +27,9 @@ macro_rules! conformance_suite {
             hostile_identities_stay_separate,
             denied_requests_never_reach_the_inner_service,
             identity_errors_are_answered_401,
+            route_wide_limits_are_shared_and_atomic,
+            block_time_blocks_and_reports_the_block,
+            cost_is_spent_exactly,
         );
         $crate::conformance_suite!(@algorithms $make;
             sliding_log: tower_ratelimit::Algorithm::SlidingLog,
@@ -543,4 +546,126 @@ pub async fn algorithm_all_or_nothing<St: Store>(
         );
     }
     assert_eq!(app.inner_calls(), 3);
+}
+
+pub async fn route_wide_limits_are_shared_and_atomic<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rules = Rules::builder()
+        .add(
+            Route::new("^/search")
+                .rules([Rule::new().second(2), Rule::group("admin")])
+                .global(Rule::new().second(3)),
+        )
+        .build()
+        .unwrap();
+    let app = App::new(rules, store.await);
+    assert_eq!(app.get("/search", "a").await.status, StatusCode::OK);
+    assert_eq!(app.get("/search", "a").await.status, StatusCode::OK);
+    let b = app.get("/search", "b").await;
+    assert_eq!(b.status, StatusCode::OK);
+    // The route's budget is the constraining one now.
+    assert_eq!(b.number("x-ratelimit-limit"), 3);
+    assert_eq!(b.number("x-ratelimit-remaining"), 0);
+    // b's own budget has room, the route's has none: denied, and b's own
+    // budget is not charged.
+    for user in ["b", "c", "d"] {
+        let denied = app.get("/search", user).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{user}");
+        assert_eq!(denied.number("retry-after"), 1);
+    }
+    // Unlimited groups stay unlimited.
+    assert_eq!(
+        app.get_as("/search", "root", "admin").await.status,
+        StatusCode::OK
+    );
+    // (1 ms more: requests in one instant are recorded 1 µs apart.)
+    app.advance_ms(1001);
+    // A user denied by their own window charges the route nothing either.
+    assert_eq!(app.get("/search", "b").await.status, StatusCode::OK);
+    assert_eq!(app.get("/search", "b").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/search", "b").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(app.get("/search", "c").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/search", "d").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(app.inner_calls(), 3 + 1 + 3);
+}
+
+pub async fn block_time_blocks_and_reports_the_block<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rule = Rule::new().second(2).block_time(Duration::from_secs(10));
+    let app = App::new(one_route("^/login", [rule]), store.await);
+    assert_eq!(app.get("/login", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/login", "u").await.status, StatusCode::OK);
+    let blocked = app.get("/login", "u").await;
+    assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(blocked.number("retry-after"), 10);
+    assert_eq!(blocked.number("x-ratelimit-reset"), 10);
+    assert_eq!(blocked.number("x-ratelimit-remaining"), 0);
+    // The window frees after a second, the block holds for ten.
+    app.advance_ms(4000);
+    let still = app.get("/login", "u").await;
+    assert_eq!(still.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(still.number("retry-after"), 6);
+    // Others are not blocked.
+    assert_eq!(app.get("/login", "v").await.status, StatusCode::OK);
+    app.advance_ms(5999);
+    assert_eq!(
+        app.get("/login", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    app.advance_ms(1);
+    assert_eq!(app.get("/login", "u").await.status, StatusCode::OK);
+    assert_eq!(app.inner_calls(), 4);
+}
+
+pub async fn cost_is_spent_exactly<St: Store>(store: impl std::future::Future<Output = St>) {
+    let store = std::sync::Arc::new(store.await);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let rules = one_route("^/a", [Rule::new().minute(5).algorithm(algorithm)]);
+        let app = App::with(rules, store.clone(), |l| {
+            l.cost(|head| {
+                head.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+        });
+        let user = format!("cost-{}", algorithm.as_str());
+        let with_cost = |cost: u32| {
+            http::Request::builder()
+                .uri("/a")
+                .header("x-user", user.as_str())
+                .header("x-cost", cost.to_string())
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let first = app.send_request(with_cost(3)).await;
+        assert_eq!(first.status, StatusCode::OK, "{algorithm:?}");
+        assert_eq!(first.number("x-ratelimit-remaining"), 2, "{algorithm:?}");
+        let denied = app.send_request(with_cost(3)).await;
+        assert_eq!(
+            denied.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?}"
+        );
+        assert_eq!(denied.number("x-ratelimit-remaining"), 2, "{algorithm:?}");
+        let last = app.send_request(with_cost(2)).await;
+        assert_eq!(last.status, StatusCode::OK, "{algorithm:?}");
+        assert_eq!(last.number("x-ratelimit-remaining"), 0, "{algorithm:?}");
+        // A cost above the limit can never pass.
+        let huge = app.send_request(with_cost(6)).await;
+        assert_eq!(huge.status, StatusCode::TOO_MANY_REQUESTS, "{algorithm:?}");
+    }
 }

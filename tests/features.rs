@@ -1,0 +1,318 @@
+//! Layer features on top of any store: shadow mode, header modes,
+//! exclusions, gRPC denials, the local denial cache, the fallback store,
+//! and metrics.
+
+mod support;
+
+use std::future::{ready, Ready};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use support::App;
+use tower_ratelimit::{
+    Check, Decision, FailMode, HeaderMode, MemoryStore, Route, Rule, Rules, Store, StoreError,
+    StoreErrorKind,
+};
+
+/// A memory store that counts its calls and can be made to fail.
+#[derive(Clone, Default)]
+struct Flaky {
+    inner: MemoryStore,
+    calls: Arc<AtomicUsize>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Store for Flaky {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            return ready(Err(StoreError::new(StoreErrorKind::Unavailable, "down")));
+        }
+        self.inner.check(check)
+    }
+}
+
+impl Flaky {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+fn one(rule: Rule) -> Rules {
+    Rules::builder().route("^/a", [rule]).build().unwrap()
+}
+
+#[tokio::test]
+async fn shadow_mode_never_denies_but_reports() {
+    let rules = Rules::builder()
+        .add(
+            Route::new("^/new")
+                .rules([Rule::new().second(1)])
+                .shadow(true),
+        )
+        .route("^/old", [Rule::new().second(1)])
+        .build()
+        .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    for _ in 0..3 {
+        let reply = app.get("/new", "u").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.number("x-ratelimit-limit"), 1);
+        assert_eq!(reply.number("x-ratelimit-remaining"), 0);
+        assert_eq!(reply.header("retry-after"), None);
+    }
+    app.get("/old", "u").await;
+    assert_eq!(
+        app.get("/old", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The whole layer can be put in shadow mode too.
+    let app = App::with(one(Rule::new().second(1)), MemoryStore::new(), |l| {
+        l.shadow(true)
+    });
+    app.get("/a", "u").await;
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.inner_calls(), 2);
+}
+
+#[tokio::test]
+async fn ietf_headers_describe_every_window() {
+    let rules = Rules::builder()
+        .add(
+            Route::new("^/a")
+                .rules([Rule::new().second(5).minute(3)])
+                .global(Rule::new().per(Duration::from_millis(500), 100)),
+        )
+        .headers(HeaderMode::Ietf)
+        .build()
+        .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    let reply = app.get("/a", "u").await;
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(r#""1s";q=5;w=1, "60s";q=3;w=60, "route-500ms";q=100;w=1"#)
+    );
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(r#""1s";r=4, "60s";r=2;t=60, "route-500ms";r=99"#)
+    );
+    assert!(!reply.headers.contains_key("x-ratelimit-limit"));
+
+    let both = App::with(one(Rule::new().second(1)), MemoryStore::new(), |l| {
+        l.headers(HeaderMode::Both)
+    });
+    let reply = both.get("/a", "u").await;
+    assert!(
+        reply.headers.contains_key("ratelimit") && reply.headers.contains_key("x-ratelimit-limit")
+    );
+
+    let none = App::with(one(Rule::new().second(1)), MemoryStore::new(), |l| {
+        l.headers(HeaderMode::None)
+    });
+    let reply = none.get("/a", "u").await;
+    assert!(!reply.limited() && !reply.headers.contains_key("ratelimit"));
+    // A denial still says when to come back.
+    let denied = none.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("1"));
+}
+
+#[tokio::test]
+async fn excluded_paths_and_methods_are_never_limited() {
+    let rules = Rules::builder()
+        .route("^/", [Rule::new().second(1)])
+        .exclude_path("^/health")
+        .exclude_method("options")
+        .build()
+        .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    for _ in 0..5 {
+        let health = app.get("/health", "u").await;
+        assert_eq!(health.status, StatusCode::OK);
+        assert!(!health.limited());
+        let options = app
+            .send(http::Method::OPTIONS, "/x", Some(b"u"), None)
+            .await;
+        assert_eq!(options.status, StatusCode::OK);
+    }
+    assert_eq!(app.identity_calls(), 0);
+    app.get("/x", "u").await;
+    assert_eq!(
+        app.get("/x", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn grpc_requests_are_denied_the_grpc_way() {
+    let app = App::new(one(Rule::new().second(1)), MemoryStore::new());
+    let grpc = || {
+        Request::builder()
+            .method("POST")
+            .uri("/a")
+            .header("content-type", "application/grpc+proto")
+            .header("x-user", "u")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(app.send_request(grpc()).await.status, StatusCode::OK);
+    app.advance_ms(200);
+    let denied = app.send_request(grpc()).await;
+    assert_eq!(denied.status, StatusCode::OK);
+    assert_eq!(denied.header("grpc-status"), Some("8"));
+    assert_eq!(denied.header("grpc-message"), Some("rate limit exceeded"));
+    assert_eq!(denied.header("content-type"), Some("application/grpc"));
+    assert_eq!(denied.header("retry-after"), Some("1"));
+    assert_eq!(denied.header("grpc-retry-pushback-ms"), Some("800"));
+    assert!(denied.body.is_empty());
+    assert_eq!(app.inner_calls(), 1);
+    // An identity failure is UNAUTHENTICATED.
+    let anonymous = Request::builder()
+        .uri("/a")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        app.send_request(anonymous).await.header("grpc-status"),
+        Some("16")
+    );
+}
+
+#[tokio::test]
+async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
+    let store = Flaky::default();
+    let app = App::new(one(Rule::new().second(2)), store.clone());
+    app.get("/a", "u").await;
+    app.get("/a", "u").await;
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(store.calls(), 3);
+    app.advance_ms(400);
+    for _ in 0..100 {
+        let denied = app.get("/a", "u").await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(denied.number("retry-after"), 1);
+        assert_eq!(denied.number("x-ratelimit-remaining"), 0);
+    }
+    // No store call for any of them; other users still go to the store.
+    assert_eq!(store.calls(), 3);
+    assert_eq!(app.get("/a", "v").await.status, StatusCode::OK);
+    assert_eq!(store.calls(), 4);
+    // Exactly when the wait ends, the store is asked again, and allows.
+    app.advance_ms(599);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(store.calls(), 4);
+    app.advance_ms(1);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(store.calls(), 5);
+
+    // Switched off, every request asks the store.
+    let store = Flaky::default();
+    let app = App::with(one(Rule::new().second(1)), store.clone(), |l| {
+        l.denial_cache(0)
+    });
+    for _ in 0..10 {
+        app.get("/a", "u").await;
+    }
+    assert_eq!(store.calls(), 10);
+}
+
+#[tokio::test]
+async fn fallback_limits_in_memory_while_the_store_is_down_and_probes_it() {
+    let store = Flaky::default();
+    let app = App::with(one(Rule::new().second(2)), store.clone(), |l| {
+        l.fail_mode(FailMode::Fallback).denial_cache(0)
+    });
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    store.failing.store(true, Ordering::SeqCst);
+    // Still limited, now by the in-process store (a fresh budget).
+    app.advance_ms(1000);
+    let calls_before = store.calls();
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.limited());
+    // Only the first failure reached the store; the rest did not wait on it.
+    assert_eq!(store.calls(), calls_before + 1);
+    // One probe per 500 ms at most.
+    app.advance_ms(499);
+    app.get("/a", "w").await;
+    assert_eq!(store.calls(), calls_before + 1);
+    app.advance_ms(1);
+    app.get("/a", "w").await;
+    assert_eq!(store.calls(), calls_before + 2);
+    // The store is back: the next probe finds it, and it decides again.
+    store.failing.store(false, Ordering::SeqCst);
+    app.advance_ms(500);
+    assert_eq!(app.get("/a", "x").await.status, StatusCode::OK);
+    let after = store.calls();
+    app.get("/a", "x").await;
+    app.get("/a", "x").await;
+    assert_eq!(store.calls(), after + 2);
+}
+
+#[test]
+fn metrics_count_outcomes_and_store_latency() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = Flaky::default();
+            let app = App::with(one(Rule::new().second(1)), store.clone(), |l| {
+                l.denial_cache(0)
+            });
+            app.get("/a", "u").await;
+            app.get("/a", "u").await;
+            store.failing.store(true, Ordering::SeqCst);
+            app.get("/a", "v").await;
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |name: &str, outcome: Option<&str>| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(key, ..)| {
+                key.key().name() == name
+                    && outcome.is_none_or(|o| key.key().labels().any(|l| l.value() == o))
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(
+        counter("tower_ratelimit_requests_total", Some("allowed")),
+        1
+    );
+    assert_eq!(counter("tower_ratelimit_requests_total", Some("denied")), 1);
+    assert_eq!(
+        counter("tower_ratelimit_requests_total", Some("fail_open")),
+        1
+    );
+    assert_eq!(counter("tower_ratelimit_store_errors_total", None), 1);
+    let latencies = snapshot
+        .iter()
+        .find(|(key, ..)| key.key().name() == "tower_ratelimit_store_latency_seconds")
+        .map(|(.., value)| match value {
+            DebugValue::Histogram(v) => v.len(),
+            _ => 0,
+        });
+    assert_eq!(latencies, Some(2));
+}
