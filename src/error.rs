@@ -40,6 +40,8 @@ pub enum ConfigErrorKind {
     ZoneWithGlobal,
     /// A route-wide limit has no window.
     EmptyGlobal,
+    /// A trusted proxy network is not an address or CIDR block.
+    InvalidNetwork,
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -130,6 +132,9 @@ impl fmt::Display for ConfigError {
                 "a route with a route-wide (`global`) limit cannot have rules with a zone",
             ),
             ConfigErrorKind::EmptyGlobal => f.write_str("a route-wide limit needs at least one window"),
+            ConfigErrorKind::InvalidNetwork => {
+                f.write_str("not an IP address or CIDR block (like 10.0.0.0/8)")
+            }
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }
     }

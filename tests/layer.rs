@@ -210,3 +210,50 @@ async fn works_on_a_plain_tower_service() {
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn spoofed_forwarding_headers_cannot_change_the_identity() {
+    use tower_ratelimit::identity::ForwardedIp;
+    let store = MemoryStore::new();
+    let app = |peer: [u8; 4]| {
+        Router::new()
+            .fallback(|| async { "ok" })
+            .layer(
+                RateLimitLayer::new(rules(), store.clone())
+                    .identify(ForwardedIp::new(["10.0.0.0/8"]).unwrap()),
+            )
+            .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
+    };
+    let with_xff = |xff: &str| {
+        Request::builder()
+            .uri("/a")
+            .header("x-forwarded-for", xff)
+            .body(Body::empty())
+            .unwrap()
+    };
+    // A direct client cannot pick its budget by writing the header.
+    let direct = app([203, 0, 113, 9]);
+    assert_eq!(status(&direct, with_xff("1.1.1.1")).await.0, StatusCode::OK);
+    assert_eq!(
+        status(&direct, with_xff("2.2.2.2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&direct, get("/a")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Behind the trusted proxy, only the hop the proxy appended counts.
+    let proxied = app([10, 0, 0, 1]);
+    assert_eq!(
+        status(&proxied, with_xff("6.6.6.6, 198.51.100.7")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&proxied, with_xff("7.7.7.7, 198.51.100.7")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&proxied, with_xff("198.51.100.8")).await.0,
+        StatusCode::OK
+    );
+}

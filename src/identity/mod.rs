@@ -25,8 +25,9 @@
 //! # ).identify(identify);
 //! ```
 //!
-//! Built-ins: [`ClientIp`] (the peer address), [`HeaderValue`] (e.g. an API
-//! key header) and [`Global`] (one budget for everyone). Identities are
+//! Built-ins: [`ClientIp`] (the peer address), [`ForwardedIp`] (the client
+//! behind trusted reverse proxies), [`HeaderValue`] (e.g. an API key header)
+//! and [`Global`] (one budget for everyone). Identities are
 //! arbitrary bytes of any length: the layer encodes them into store keys so
 //! that no identity can reach another user's budget (see
 //! [the crate docs](crate#keys)).
@@ -40,6 +41,9 @@ use http::request::Parts;
 use http::{HeaderName, StatusCode};
 
 use crate::rules::DEFAULT_GROUP;
+
+mod forwarded;
+pub use forwarded::{Client, ForwardedIp, Network};
 
 /// A user and the group whose rules apply to them.
 #[derive(Clone, Debug, PartialEq, Eq)]

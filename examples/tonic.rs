@@ -1,0 +1,61 @@
+//! A gRPC (tonic) server behind the layer: the standard health service,
+//! limited to 2 checks per second per client. A denied call gets the gRPC
+//! answer `RESOURCE_EXHAUSTED`, with the wait in `retry-after` (seconds)
+//! and `grpc-retry-pushback-ms` metadata.
+//!
+//! ```sh
+//! cargo run --example tonic            # listens on 127.0.0.1:50051
+//! ```
+//!
+//! `tests/grpc.rs` drives this very server with a real tonic client.
+
+use std::net::SocketAddr;
+
+use http::request::Parts;
+use tokio::net::TcpListener;
+use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
+use tower_ratelimit::identity::{Identity, IdentityError};
+use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+
+/// The user is the `x-api-key` metadata, else the peer IP (tonic records it
+/// as `TcpConnectInfo`).
+fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
+    let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
+    let peer = head
+        .extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr);
+    std::future::ready(match (key, peer) {
+        (Some(key), _) => Ok(Identity::new(key)),
+        (None, Some(peer)) => Ok(Identity::new(peer.ip().to_string())),
+        (None, None) => Err(IdentityError::new("no api key and no peer address")),
+    })
+}
+
+/// Serves the health service, rate-limited, on `listener`.
+pub async fn serve(listener: TcpListener) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let rules = Rules::builder()
+        // gRPC paths are /<package>.<Service>/<Method>.
+        .route(r"^/grpc\.health\.v1\.Health/", [Rule::new().second(2)])
+        .build()?;
+    let layer = RateLimitLayer::new(rules, MemoryStore::new()).identify(identify);
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    tonic::transport::Server::builder()
+        .layer(layer)
+        .add_service(health)
+        .serve_with_incoming(TcpIncoming::from(listener))
+        .await?;
+    Ok(())
+}
+
+#[allow(dead_code)]
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 50051))).await?;
+    println!("gRPC health service on {}", listener.local_addr()?);
+    serve(listener).await?;
+    Ok(())
+}

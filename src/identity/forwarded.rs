@@ -1,0 +1,301 @@
+//! The client IP behind reverse proxies you trust.
+
+use std::future::{ready, Ready};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderMap, StatusCode};
+
+use super::{ip_user, ClientIp, Identify, Identity, IdentityError};
+use crate::error::{ConfigError, ConfigErrorKind, Location};
+
+/// The most hops read from the right of a forwarding chain; a longer chain
+/// of trusted proxies is not believed past this point.
+const MAX_HOPS: usize = 32;
+
+/// An IP network: an address and a prefix length (`10.0.0.0/8`, `::1/128`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Network {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Network {
+    /// Parses `addr/prefix`, or a single address.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (addr, prefix) = match text.trim().split_once('/') {
+            Some((a, p)) => (a.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+            None => (text.trim().parse::<IpAddr>().ok()?, None),
+        };
+        let addr = canonical(addr);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Self { addr, prefix })
+    }
+
+    /// Whether `ip` is in the network (IPv4-mapped IPv6 counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The client IP as seen through trusted reverse proxies, in group
+/// `"default"`.
+///
+/// The peer address (see [`ClientIp`]) is the client, unless the peer is a
+/// trusted proxy: then the forwarding chain (`Forwarded`, RFC 7239, when
+/// present, else `X-Forwarded-For`) is read **from the right**, skipping
+/// hops that are trusted proxies, and the first hop that is not is the
+/// client. Entries left of it were written by the client or by proxies you
+/// do not control, so a spoofed header can only ever add hops that are
+/// ignored.
+///
+/// ```
+/// use tower_ratelimit::identity::ForwardedIp;
+///
+/// // A load balancer in 10.0.0.0/8 and a local sidecar.
+/// let identity = ForwardedIp::new(["10.0.0.0/8", "127.0.0.1"])?;
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ForwardedIp {
+    trusted: Arc<[Network]>,
+}
+
+impl ForwardedIp {
+    /// Trusts the proxies in `networks` (CIDR notation, or single addresses).
+    /// An entry that does not parse is an error naming it.
+    pub fn new<S: AsRef<str>>(networks: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
+        let mut trusted = Vec::new();
+        for (i, text) in networks.into_iter().enumerate() {
+            let text = text.as_ref();
+            let network = Network::parse(text).ok_or_else(|| {
+                ConfigError::new(
+                    Location {
+                        field: Some(format!("trusted_proxies[{i}] `{text}`")),
+                        ..Location::default()
+                    },
+                    ConfigErrorKind::InvalidNetwork,
+                )
+            })?;
+            trusted.push(network);
+        }
+        Ok(Self {
+            trusted: trusted.into(),
+        })
+    }
+
+    fn trusts(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(ip))
+    }
+
+    /// The client of a request from `peer` with `headers`: an address, or
+    /// the raw token a trusted proxy wrote where it could not give one
+    /// (RFC 7239's `unknown` or an obfuscated identifier).
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Client {
+        if !self.trusts(peer) {
+            return Client::Ip(peer);
+        }
+        let mut nearest = Client::Ip(peer);
+        for hop in hops(headers).take(MAX_HOPS) {
+            match parse_hop(&hop) {
+                Some(ip) if self.trusts(ip) => nearest = Client::Ip(ip),
+                Some(ip) => return Client::Ip(ip),
+                None => return Client::Token(hop),
+            }
+        }
+        nearest
+    }
+}
+
+/// Who a [`ForwardedIp`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Client {
+    /// An address.
+    Ip(IpAddr),
+    /// A token a trusted proxy wrote in place of an address.
+    Token(String),
+}
+
+/// The hops of the forwarding chain, rightmost (nearest) first:
+/// `Forwarded`'s `for=` values when that header is present, else
+/// `X-Forwarded-For`'s entries. Several header lines are one list, in order.
+fn hops(headers: &HeaderMap) -> Box<dyn Iterator<Item = String> + '_> {
+    let lines = |name: http::HeaderName| {
+        let values: Vec<&str> = headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        values.into_iter().rev()
+    };
+    if headers.contains_key(http::header::FORWARDED) {
+        Box::new(lines(http::header::FORWARDED).flat_map(|line| {
+            line.rsplit(',').map(|element| {
+                element
+                    .split(';')
+                    .filter_map(|pair| pair.split_once('='))
+                    .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
+                    .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+                    .unwrap_or_default()
+            })
+        }))
+    } else {
+        Box::new(
+            lines(http::HeaderName::from_static("x-forwarded-for"))
+                .flat_map(|line| line.rsplit(',').map(|hop| hop.trim().to_owned())),
+        )
+    }
+}
+
+/// An address from a hop: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
+/// `[2001:db8::1]`, `[2001:db8::1]:80`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Some(rest) = hop.strip_prefix('[') {
+        return rest.split_once(']')?.0.parse().ok();
+    }
+    let (host, port) = hop.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+impl Identify for ForwardedIp {
+    type Future = Ready<Result<Identity, IdentityError>>;
+
+    fn identify(&self, head: &Parts) -> Self::Future {
+        let Some(peer) = ClientIp::peer(head) else {
+            return ready(Err(IdentityError::new(
+                "the server did not record the peer address (serve with ConnectInfo)",
+            )
+            .with_status(StatusCode::INTERNAL_SERVER_ERROR)));
+        };
+        ready(Ok(match self.client(peer.ip(), &head.headers) {
+            Client::Ip(ip) => Identity::new(ip_user(ip)),
+            // Prefixed so a token can never equal an address's user.
+            Client::Token(token) => Identity::new(format!("token:{token}")),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn networks_parse_and_match() {
+        let n = Network::parse("10.0.0.0/8").unwrap();
+        assert!(n.contains(ip("10.200.3.4")) && !n.contains(ip("11.0.0.1")));
+        assert!(n.contains(ip("::ffff:10.1.1.1")));
+        let v6 = Network::parse("2001:db8::/32").unwrap();
+        assert!(v6.contains(ip("2001:db8:ffff::1")) && !v6.contains(ip("2001:db9::1")));
+        assert!(Network::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
+        for bad in ["10.0.0.0/33", "nope", "10.0.0.0/", "::/129", ""] {
+            assert!(Network::parse(bad).is_none(), "{bad}");
+        }
+        let err = ForwardedIp::new(["10.0.0.0/8", "10.0.0/8"]).unwrap_err();
+        assert!(
+            err.to_string().contains("trusted_proxies[1] `10.0.0/8`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn untrusted_peers_cannot_forward() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let h = headers(&[("x-forwarded-for", "1.1.1.1")]);
+        assert_eq!(
+            f.client(ip("203.0.113.9"), &h),
+            Client::Ip(ip("203.0.113.9"))
+        );
+    }
+
+    #[test]
+    fn the_rightmost_untrusted_hop_is_the_client() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        // The client wrote "6.6.6.6" itself; the trusted proxy appended the
+        // real address.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7")]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
+        // Two trusted proxies in a row.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.1.1")]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
+        // Split over several lines, with ports and brackets.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "[2001:db8::7]:4711, 10.2.2.2:80"),
+        ]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("2001:db8::7")));
+        // Nothing but trusted hops: the farthest one.
+        let h = headers(&[("x-forwarded-for", "10.9.9.9, 10.1.1.1")]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("10.9.9.9")));
+        // No header: the proxy itself.
+        assert_eq!(
+            f.client(ip("10.0.0.1"), &HeaderMap::new()),
+            Client::Ip(ip("10.0.0.1"))
+        );
+    }
+
+    #[test]
+    fn forwarded_is_read_too() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let h = headers(&[(
+            "forwarded",
+            r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https, for=10.3.3.3;by=10.0.0.1"#,
+        )]);
+        assert_eq!(
+            f.client(ip("10.0.0.1"), &h),
+            Client::Ip(ip("2001:db8:cafe::17"))
+        );
+        let h = headers(&[("forwarded", "for=unknown, for=10.3.3.3")]);
+        assert_eq!(
+            f.client(ip("10.0.0.1"), &h),
+            Client::Token("unknown".into())
+        );
+    }
+
+    #[test]
+    fn huge_chains_are_bounded() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let chain = vec!["10.0.0.2"; 100_000].join(", ");
+        let h = headers(&[("x-forwarded-for", &chain)]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("10.0.0.2")));
+    }
+}

@@ -1,0 +1,65 @@
+//! The tonic example, driven by a real tonic client over TCP.
+
+#[path = "../examples/tonic.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod example;
+
+use tonic::Code;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+#[tokio::test]
+async fn a_real_grpc_client_is_limited_the_grpc_way() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(example::serve(listener));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let check = || {
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        request
+            .metadata_mut()
+            .insert("x-api-key", "alice".parse().unwrap());
+        request
+    };
+    for _ in 0..2 {
+        let reply = client.check(check()).await.unwrap();
+        assert_eq!(reply.get_ref().status, 1, "SERVING");
+    }
+    let denied = client.check(check()).await.unwrap_err();
+    assert_eq!(denied.code(), Code::ResourceExhausted);
+    assert_eq!(denied.message(), "rate limit exceeded");
+    let retry: u64 = denied
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(retry, 1);
+    let pushback: u64 = denied
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=1000).contains(&pushback), "{pushback}");
+    // Another caller has its own budget; the connection is still healthy.
+    let mut other = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    other
+        .metadata_mut()
+        .insert("x-api-key", "bob".parse().unwrap());
+    assert!(client.check(other).await.is_ok());
+    server.abort();
+}
