@@ -6,7 +6,12 @@
 //! cargo run --release --example server -- --config examples/ratelimit.toml
 //! cargo run --release --example server -- --redis redis://127.0.0.1:6379
 //! cargo run --release --example server -- --redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001
+//! cargo run --release --example server -- --redis redis://127.0.0.1:6379 --fail-mode fallback --timeout-ms 50
 //! ```
+//!
+//! Every config field reaches the layer: route rules, `global`,
+//! `block_time`, `exclude`, `shadow`, `headers = "x" | "ietf" | "both" |
+//! "none"`.
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
@@ -21,7 +26,7 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use clap::{Parser, ValueEnum};
 use http::request::Parts;
-use tower_ratelimit::identity::{Identity, IdentityError};
+use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{Config, FailMode, MemoryStore, RateLimitLayer, Store};
 
@@ -57,18 +62,25 @@ struct Args {
     /// Keep budgets in this Redis Cluster (comma-separated seed nodes).
     #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
     redis_cluster: Option<Vec<String>>,
-    /// What to do when the store fails.
+    /// What to do when the store fails (fallback: limit in memory until the
+    /// store answers again).
     #[arg(long, value_enum, default_value_t = Mode::Open)]
     fail_mode: Mode,
     /// Deadline of one store call, in milliseconds (Redis only).
     #[arg(long, value_name = "N", default_value_t = 50)]
     timeout_ms: u64,
+    /// Trust X-Forwarded-For / Forwarded from proxies in this network
+    /// (repeatable; CIDR or address). Without it, the peer address is the
+    /// client.
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    trusted_proxies: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Mode {
     Open,
     Closed,
+    Fallback,
 }
 
 #[tokio::main]
@@ -102,6 +114,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mode = match args.fail_mode {
         Mode::Open => FailMode::Open,
         Mode::Closed => FailMode::Closed,
+        Mode::Fallback => FailMode::Fallback,
     };
     if let Some(url) = &args.redis {
         let store = RedisStore::builder()
@@ -132,9 +145,10 @@ async fn serve<St: Store>(
     mode: FailMode,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let groups = Arc::new(config.groups().clone());
+    let proxies = Arc::new(ForwardedIp::new(&args.trusted_proxies)?);
     let layer = RateLimitLayer::new(config.into_rules(), store)
         .fail_mode(mode)
-        .identify(move |head: &Parts| std::future::ready(identify(head, &groups)));
+        .identify(move |head: &Parts| std::future::ready(identify(head, &groups, &proxies)));
     let app = Router::new()
         .fallback(|uri: http::Uri| async move { format!("ok {}\n", uri.path()) })
         .layer(layer);
@@ -148,7 +162,11 @@ async fn serve<St: Store>(
     Ok(())
 }
 
-fn identify(head: &Parts, groups: &BTreeMap<String, String>) -> Result<Identity, IdentityError> {
+fn identify(
+    head: &Parts,
+    groups: &BTreeMap<String, String>,
+    proxies: &ForwardedIp,
+) -> Result<Identity, IdentityError> {
     if let Some(key) = head.headers.get("x-api-key") {
         let group = key
             .to_str()
@@ -162,5 +180,8 @@ fn identify(head: &Parts, groups: &BTreeMap<String, String>) -> Result<Identity,
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .ok_or_else(|| IdentityError::new("no peer address"))?;
-    Ok(Identity::new(peer.0.ip().to_string()))
+    Ok(match proxies.client(peer.0.ip(), &head.headers) {
+        Client::Ip(ip) => Identity::new(ip.to_string()),
+        Client::Token(token) => Identity::new(format!("token:{token}")),
+    })
 }

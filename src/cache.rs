@@ -28,10 +28,12 @@ struct Denied {
     decision: Decision,
 }
 
+type Shard = Mutex<HashMap<Box<str>, Denied>>;
+
 /// Budgets known to be denied, until when.
 #[derive(Debug)]
 pub(crate) struct DenialCache {
-    shards: Box<[Mutex<HashMap<Box<str>, Denied>>]>,
+    shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
     per_shard: usize,
     len: AtomicUsize,
@@ -47,7 +49,7 @@ impl DenialCache {
         }
     }
 
-    fn shard(&self, budget: &str) -> &Mutex<HashMap<Box<str>, Denied>> {
+    fn shard(&self, budget: &str) -> &Shard {
         let i = usize::try_from(self.hasher.hash_one(budget)).unwrap_or(0) % SHARDS;
         &self.shards[i]
     }

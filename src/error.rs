@@ -41,7 +41,7 @@ pub enum ConfigErrorKind {
     /// A route-wide limit has no window.
     EmptyGlobal,
     /// A trusted proxy network is not an address or CIDR block.
-    InvalidNetwork,
+    InvalidNetwork(String),
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -93,17 +93,20 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("invalid rate-limit rules")?;
+        f.write_str("invalid rate-limit configuration: ")?;
+        let mut parts = Vec::new();
         if let Some((i, pattern)) = &self.at.route {
-            write!(f, ": route #{i} `{pattern}`")?;
+            parts.push(format!("route #{i} `{pattern}`"));
         }
         if let Some((i, group)) = &self.at.rule {
-            write!(f, ", rule #{i} (group `{group}`)")?;
+            parts.push(format!("rule #{i} (group `{group}`)"));
         }
         if let Some(field) = &self.at.field {
-            write!(f, ", field `{field}`")?;
+            parts.push(format!("field `{field}`"));
         }
-        f.write_str(": ")?;
+        if !parts.is_empty() {
+            write!(f, "{}: ", parts.join(", "))?;
+        }
         match &self.kind {
             ConfigErrorKind::InvalidRegex(e) => write!(f, "invalid regular expression: {e}"),
             ConfigErrorKind::InvalidLimit(n) => {
@@ -132,9 +135,10 @@ impl fmt::Display for ConfigError {
                 "a route with a route-wide (`global`) limit cannot have rules with a zone",
             ),
             ConfigErrorKind::EmptyGlobal => f.write_str("a route-wide limit needs at least one window"),
-            ConfigErrorKind::InvalidNetwork => {
-                f.write_str("not an IP address or CIDR block (like 10.0.0.0/8)")
-            }
+            ConfigErrorKind::InvalidNetwork(text) => write!(
+                f,
+                "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8)"
+            ),
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }
     }

@@ -150,10 +150,18 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
         }
     }
 
+    /// A layer configured differently is a different layer: its services
+    /// must not share run-time state (denial cache, fallback) with services
+    /// made before.
+    fn fresh(mut self) -> Self {
+        self.state = Arc::default();
+        self
+    }
+
     /// What to do when the store fails (default [`FailMode::Open`]).
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
         self.options.fail_mode = mode;
-        self
+        self.fresh()
     }
 
     /// Decides on `clock`'s time instead of the store's own (for tests: a
@@ -161,7 +169,7 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
     /// for the memory and the Redis store alike).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.options.clock = Some(Arc::new(clock));
-        self
+        self.fresh()
     }
 
     /// How much a request spends (default 1): e.g. by method, or by a
@@ -169,19 +177,19 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
     /// nothing.
     pub fn cost(mut self, f: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.options.cost = Some(Arc::new(f));
-        self
+        self.fresh()
     }
 
     /// Shadow mode: decide, log and set headers, but never deny.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.options.shadow = shadow;
-        self
+        self.fresh()
     }
 
     /// Which rate-limit headers to send.
     pub fn headers(mut self, mode: HeaderMode) -> Self {
         self.options.headers = mode;
-        self
+        self.fresh()
     }
 
     /// The local denial cache: budgets the store denied are denied
@@ -190,7 +198,7 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
     /// [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {
         self.options.denial_cache = capacity;
-        self
+        self.fresh()
     }
 
     /// Builds the response to a denied request. The layer still adds the
@@ -200,7 +208,7 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
         f: impl Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
         self.options.on_blocked = Some(Arc::new(f));
-        self
+        self.fresh()
     }
 
     /// Builds the response to a request whose identity function failed
@@ -211,7 +219,7 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
         f: impl Fn(&IdentityError) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
         self.options.on_identity_error = Some(Arc::new(f));
-        self
+        self.fresh()
     }
 }
 

@@ -281,7 +281,7 @@ impl Rule {
 /// use tower_ratelimit::{Route, Rule, Rules};
 ///
 /// let rules = Rules::builder()
-///     .add(
+///     .add_route(
 ///         Route::new("^/search")
 ///             .rules([Rule::new().second(5).block_time(std::time::Duration::from_secs(60))])
 ///             // The search backend takes 100/s in total, whoever asks.
@@ -368,7 +368,7 @@ pub(crate) struct Policy {
 /// windows are prefixed `route-`.
 pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> String {
     let micros = window.micros();
-    let span = if micros % 1_000_000 == 0 {
+    let span = if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
     } else {
         format!("{}ms", micros.div_ceil(1000))
@@ -574,11 +574,11 @@ impl RulesBuilder {
     /// Adds a route: a regular expression over the request path and its
     /// rules. Routes are tried in the order they are added.
     pub fn route(self, pattern: impl Into<String>, rules: impl IntoIterator<Item = Rule>) -> Self {
-        self.add(Route::new(pattern).rules(rules))
+        self.add_route(Route::new(pattern).rules(rules))
     }
 
     /// Adds a [`Route`] (for route-wide limits and per-route shadow mode).
-    pub fn add(mut self, route: Route) -> Self {
+    pub fn add_route(mut self, route: Route) -> Self {
         self.routes.push(route);
         self
     }
@@ -870,7 +870,7 @@ impl Config {
             if let Some(global) = route.global {
                 r = r.global(global.into_rule());
             }
-            builder = builder.add(r);
+            builder = builder.add_route(r);
         }
         Ok(Self {
             groups: raw.groups,

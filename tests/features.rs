@@ -50,7 +50,7 @@ fn one(rule: Rule) -> Rules {
 #[tokio::test]
 async fn shadow_mode_never_denies_but_reports() {
     let rules = Rules::builder()
-        .add(
+        .add_route(
             Route::new("^/new")
                 .rules([Rule::new().second(1)])
                 .shadow(true),
@@ -83,7 +83,7 @@ async fn shadow_mode_never_denies_but_reports() {
 #[tokio::test]
 async fn ietf_headers_describe_every_window() {
     let rules = Rules::builder()
-        .add(
+        .add_route(
             Route::new("^/a")
                 .rules([Rule::new().second(5).minute(3)])
                 .global(Rule::new().per(Duration::from_millis(500), 100)),

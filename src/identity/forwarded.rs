@@ -94,10 +94,10 @@ impl ForwardedIp {
             let network = Network::parse(text).ok_or_else(|| {
                 ConfigError::new(
                     Location {
-                        field: Some(format!("trusted_proxies[{i}] `{text}`")),
+                        field: Some(format!("trusted_proxies[{i}]")),
                         ..Location::default()
                     },
-                    ConfigErrorKind::InvalidNetwork,
+                    ConfigErrorKind::InvalidNetwork(text.to_owned()),
                 )
             })?;
             trusted.push(network);
@@ -232,7 +232,8 @@ mod tests {
         }
         let err = ForwardedIp::new(["10.0.0.0/8", "10.0.0/8"]).unwrap_err();
         assert!(
-            err.to_string().contains("trusted_proxies[1] `10.0.0/8`"),
+            err.to_string()
+                .contains("field `trusted_proxies[1]`: `10.0.0/8` is not an IP address"),
             "{err}"
         );
     }

@@ -127,7 +127,7 @@ impl Entry {
         }
         let cost = check.cost;
         let algorithm = check.algorithm;
-        let decision = match (global, &check.global) {
+        match (global, &check.global) {
             (Some(route), Some(g)) => {
                 // Look at both without recording, then record in both only
                 // if both allow.
@@ -153,8 +153,7 @@ impl Entry {
                 }
                 user
             }
-        };
-        decision
+        }
     }
 
     /// The answer to a request the user's own windows denied: a block, if

@@ -552,7 +552,7 @@ pub async fn route_wide_limits_are_shared_and_atomic<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
     let rules = Rules::builder()
-        .add(
+        .add_route(
             Route::new("^/search")
                 .rules([Rule::new().second(2), Rule::group("admin")])
                 .global(Rule::new().second(3)),
