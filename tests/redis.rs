@@ -435,3 +435,58 @@ async fn bad_configuration_is_an_error() {
     let e = RedisStore::builder().build().await.unwrap_err();
     assert!(e.to_string().contains("no redis"), "{e}");
 }
+
+#[tokio::test]
+async fn fallback_limits_in_memory_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let app = App::on_store_clock(one_route(Rule::new().minute(2)), store, |l| {
+        l.fail_mode(FailMode::Fallback)
+    });
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    server.kill();
+    // Still limited (2 per minute, now counted in memory), never stalled.
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(app.get("/a", "v").await.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    // Back on Redis once it answers again (probed every 500 ms).
+    server.restart();
+    let resumed = Instant::now();
+    for i in 0.. {
+        // A new user each time, so no memory budget runs out meanwhile.
+        let user = format!("w{i}");
+        assert_eq!(app.get("/a", &user).await.status, StatusCode::OK);
+        if keys(server.port, "rl")
+            .iter()
+            .any(|k| k.contains(&format!(":{user}}}")))
+        {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(3),
+            "never returned to redis"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
