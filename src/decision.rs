@@ -15,6 +15,7 @@
 //! windows that deny), and an RFC 9457 `application/problem+json` body.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,6 +33,20 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// A header value for a number; small ones (the common case) are made once
+/// and shared, so a response's headers cost no allocation.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    const SMALL: u64 = 4096;
+    static CACHE: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
+    if n < SMALL {
+        let cache = CACHE.get_or_init(|| (0..SMALL).map(HeaderValue::from).collect());
+        if let Some(value) = usize::try_from(n).ok().and_then(|i| cache.get(i)) {
+            return value.clone();
+        }
+    }
+    HeaderValue::from(n)
+}
 
 /// Whole seconds in `d`, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
@@ -64,8 +79,11 @@ impl RateHeaders {
         let retry_after = decision
             .retry_after()
             .filter(|_| !decision.allowed())
-            .map(|d| HeaderValue::from(retry_after_secs(d)));
-        let Some(w) = decision.constraining() else {
+            .map(|d| number(retry_after_secs(d)));
+        let Some((index, w)) = decision
+            .constraining_index()
+            .and_then(|i| Some((i, decision.windows().get(i)?)))
+        else {
             return Self {
                 retry_after,
                 ..Self::default()
@@ -73,10 +91,11 @@ impl RateHeaders {
         };
         let reset = ceil_secs(decision.reset_after());
         let x = matches!(mode, HeaderMode::X | HeaderMode::Both).then(|| {
+            let limit = policy.limits.get(index).cloned();
             [
-                HeaderValue::from(w.window.limit()),
-                HeaderValue::from(w.remaining),
-                HeaderValue::from(reset),
+                limit.unwrap_or_else(|| number(u64::from(w.window.limit()))),
+                number(u64::from(w.remaining)),
+                number(reset),
             ]
         });
         let ietf = match (mode, &policy.ietf_policy) {
@@ -233,7 +252,7 @@ pub(crate) fn grpc(status: GrpcStatus, message: &str, retry: Option<Duration>) -
         headers.insert(GRPC_MESSAGE, message);
     }
     if let Some(retry) = retry {
-        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(retry)));
+        headers.insert(RETRY_AFTER, number(retry_after_secs(retry)));
         let ms = u64::try_from(retry.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
         headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
     }

@@ -14,8 +14,11 @@
 //! The encoding is injective: two different users always get two different
 //! keys (up to SHA-256 collisions for parts longer than [`MAX_ENCODED`]).
 
+use std::fmt::Write;
+use std::sync::Arc;
+
+use arrayvec::ArrayString;
 use sha2::{Digest, Sha256};
-use std::fmt::Write as _;
 
 /// Encoded parts longer than this many bytes are hashed.
 pub const MAX_ENCODED: usize = 128;
@@ -34,24 +37,25 @@ fn encoded_len(bytes: &[u8]) -> usize {
         .sum()
 }
 
-/// Appends the encoding of `bytes` to `out` (see the module docs).
-pub(crate) fn push_encoded(out: &mut String, bytes: &[u8]) {
+/// Appends the encoding of `bytes` to `out` (see the module docs). The
+/// writers used here (a `String`, or an `ArrayString` sized for the
+/// longest key) cannot fail.
+pub(crate) fn push_encoded(out: &mut impl Write, bytes: &[u8]) {
     if encoded_len(bytes) > MAX_ENCODED {
         let digest = Sha256::digest(bytes);
-        out.push('#');
+        let _ = out.write_char('#');
         for b in &digest[..16] {
-            // Writing to a String cannot fail.
             let _ = write!(out, "{b:02x}");
         }
         return;
     }
     for &b in bytes {
         if unreserved(b) {
-            out.push(char::from(b));
+            let _ = out.write_char(char::from(b));
         } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
+            let _ = out.write_char('%');
+            let _ = out.write_char(char::from(HEX[usize::from(b >> 4)]));
+            let _ = out.write_char(char::from(HEX[usize::from(b & 0xf)]));
         }
     }
 }
@@ -63,17 +67,21 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
     out
 }
 
-/// `<policy>:<encoded user>`, allocated once at its final size.
-pub(crate) fn budget_key(policy: &str, user: &[u8]) -> String {
-    let user_len = match encoded_len(user) {
-        n if n > MAX_ENCODED => 33,
-        n => n,
-    };
-    let mut out = String::with_capacity(policy.len() + 1 + user_len);
-    out.push_str(policy);
+/// `<policy>:<encoded user>`: built on the stack, then allocated once.
+pub(crate) fn budget_key(policy: &str, user: &[u8]) -> Arc<str> {
+    // A policy part is at most a zone's encoding (MAX_ENCODED + 1 bytes)
+    // plus a letter; a user part at most MAX_ENCODED + 1 bytes.
+    let mut out = ArrayString::<{ 2 * MAX_ENCODED + 8 }>::new();
+    if out.try_push_str(policy).is_err() {
+        let mut long = String::with_capacity(policy.len() + 1 + MAX_ENCODED + 1);
+        long.push_str(policy);
+        long.push(':');
+        push_encoded(&mut long, user);
+        return long.into();
+    }
     out.push(':');
     push_encoded(&mut out, user);
-    out
+    Arc::from(out.as_str())
 }
 
 /// A short stable name for a route pattern: 16 hex digits of its SHA-256.
@@ -124,6 +132,10 @@ mod tests {
     fn budget_keys_do_not_collide_across_the_separator() {
         // "a" + ":" + "b:c" must differ from "a:b" + ":" + "c".
         assert_ne!(budget_key("a", b"b:c"), budget_key("a:b", b"c"));
-        assert_eq!(budget_key("r1", b"b:c"), "r1:b%3Ac");
+        assert_eq!(&*budget_key("r1", b"b:c"), "r1:b%3Ac");
+        let long_policy = "z".repeat(400);
+        assert!(budget_key(&long_policy, b"u").ends_with(":u"));
+        let long_user = vec![0xffu8; 1000];
+        assert_eq!(budget_key("r1", &long_user).len(), 3 + 33);
     }
 }

@@ -40,9 +40,52 @@ impl Outcome {
     }
 }
 
+#[cfg(feature = "metrics")]
+mod keys {
+    use metrics::{Key, Label, Metadata};
+
+    pub(super) static METADATA: Metadata<'static> = Metadata::new(
+        "tower_ratelimit",
+        metrics::Level::INFO,
+        Some(module_path!()),
+    );
+
+    macro_rules! outcome_key {
+        ($name:ident, $labels:ident, $value:literal) => {
+            static $labels: [Label; 1] = [Label::from_static_parts("outcome", $value)];
+            pub(super) static $name: Key =
+                Key::from_static_parts("tower_ratelimit_requests_total", &$labels);
+        };
+    }
+    outcome_key!(ALLOWED, ALLOWED_LABELS, "allowed");
+    outcome_key!(DENIED, DENIED_LABELS, "denied");
+    outcome_key!(DENIED_LOCALLY, DENIED_LOCALLY_LABELS, "denied_locally");
+    outcome_key!(SHADOW_DENIED, SHADOW_DENIED_LABELS, "shadow_denied");
+    outcome_key!(FAIL_OPEN, FAIL_OPEN_LABELS, "fail_open");
+    outcome_key!(FAIL_CLOSED, FAIL_CLOSED_LABELS, "fail_closed");
+    outcome_key!(FALLBACK, FALLBACK_LABELS, "fallback");
+    pub(super) static STORE_ERRORS: Key =
+        Key::from_static_name("tower_ratelimit_store_errors_total");
+    pub(super) static STORE_LATENCY: Key =
+        Key::from_static_name("tower_ratelimit_store_latency_seconds");
+}
+
+/// Counts and logs one limited request. The metric keys are static, so
+/// recording costs no allocation.
 pub(crate) fn outcome(route: &str, budget: &str, outcome: Outcome, remaining: Option<u32>) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tower_ratelimit_requests_total", "outcome" => outcome.as_str()).increment(1);
+    {
+        let key = match outcome {
+            Outcome::Allowed => &keys::ALLOWED,
+            Outcome::Denied => &keys::DENIED,
+            Outcome::DeniedLocally => &keys::DENIED_LOCALLY,
+            Outcome::ShadowDenied => &keys::SHADOW_DENIED,
+            Outcome::FailOpen => &keys::FAIL_OPEN,
+            Outcome::FailClosed => &keys::FAIL_CLOSED,
+            Outcome::Fallback => &keys::FALLBACK,
+        };
+        metrics::with_recorder(|r| r.register_counter(key, &keys::METADATA).increment(1));
+    }
     if outcome == Outcome::ShadowDenied {
         tracing::info!(route, "shadow mode: request would have been denied");
     }
@@ -62,7 +105,10 @@ pub(crate) fn outcome(route: &str, budget: &str, outcome: Outcome, remaining: Op
 
 pub(crate) fn store_latency(latency: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("tower_ratelimit_store_latency_seconds").record(latency.as_secs_f64());
+    metrics::with_recorder(|r| {
+        r.register_histogram(&keys::STORE_LATENCY, &keys::METADATA)
+            .record(latency.as_secs_f64())
+    });
     tracing::trace!(
         latency_us = latency.as_micros() as u64,
         "rate limit store call"
@@ -71,5 +117,8 @@ pub(crate) fn store_latency(latency: Duration) {
 
 pub(crate) fn store_error() {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tower_ratelimit_store_errors_total").increment(1);
+    metrics::with_recorder(|r| {
+        r.register_counter(&keys::STORE_ERRORS, &keys::METADATA)
+            .increment(1)
+    });
 }

@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method};
 use regex::RegexSet;
+use regex_automata::{Input, PatternSet};
 use serde::Deserialize;
 
 use crate::clock::duration_micros;
@@ -341,7 +342,7 @@ impl Route {
 #[derive(Debug)]
 pub(crate) struct GlobalPolicy {
     /// `<route id>:*`
-    pub(crate) budget: Box<str>,
+    pub(crate) budget: Arc<str>,
     pub(crate) windows: Arc<[Window]>,
 }
 
@@ -362,6 +363,8 @@ pub(crate) struct Policy {
     /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10): one
     /// item per window, computed once.
     pub(crate) ietf_policy: Option<HeaderValue>,
+    /// `X-RateLimit-Limit` of each window (the user's, then the route's).
+    pub(crate) limits: Box<[HeaderValue]>,
 }
 
 /// The name of a window in the IETF headers: `60s`, `250ms`; route-wide
@@ -434,7 +437,8 @@ pub struct Rules {
 }
 
 struct RulesInner {
-    set: RegexSet,
+    /// Every route pattern, matched in one pass.
+    set: regex_automata::meta::Regex,
     routes: Box<[CompiledRoute]>,
     exclude_paths: Option<RegexSet>,
     exclude_methods: Box<[Method]>,
@@ -502,28 +506,37 @@ impl Rules {
             return None;
         }
         let n = inner.routes.len();
-        if n <= 64 {
-            let mut hits = [false; 64];
-            if !inner.set.matches_read_at(&mut hits[..n], path, 0) {
-                return None;
-            }
-            let mask = hits[..n]
-                .iter()
-                .enumerate()
-                .fold(0u64, |m, (i, &hit)| m | (u64::from(hit) << i));
-            Some(Candidates::Mask(mask))
-        } else {
-            let matches = inner.set.matches(path);
-            if !matches.matched_any() {
-                return None;
-            }
-            Some(Candidates::Many(
-                matches
-                    .iter()
-                    .filter_map(|i| u32::try_from(i).ok())
-                    .collect(),
-            ))
+        if n == 0 {
+            return None;
         }
+        // One reusable set of hits per thread: matching allocates nothing.
+        thread_local! {
+            static HITS: std::cell::RefCell<PatternSet> =
+                std::cell::RefCell::new(PatternSet::new(0));
+        }
+        HITS.with(|hits| {
+            let mut hits = hits.borrow_mut();
+            if hits.capacity() != n {
+                *hits = PatternSet::new(n);
+            }
+            hits.clear();
+            inner
+                .set
+                .which_overlapping_matches(&Input::new(path), &mut hits);
+            if hits.is_empty() {
+                None
+            } else if n <= 64 {
+                Some(Candidates::Mask(
+                    hits.iter().fold(0u64, |m, id| m | (1u64 << id.as_usize())),
+                ))
+            } else {
+                Some(Candidates::Many(
+                    hits.iter()
+                        .filter_map(|id| u32::try_from(id.as_usize()).ok())
+                        .collect(),
+                ))
+            }
+        })
     }
 
     /// The rule that applies to a request of `group` and `method` among the
@@ -683,8 +696,21 @@ impl RulesBuilder {
                 rules: compiled.into_boxed_slice(),
             });
         }
-        let set = RegexSet::new(self.routes.iter().map(|r| r.pattern.as_str()))
-            .map_err(|e| ConfigError::new(Location::default(), ConfigErrorKind::InvalidRegex(e)))?;
+        // Every pattern compiled alone above, so only size limits can fail
+        // here; they are reported as a parse error of the whole table.
+        let set = regex_automata::meta::Regex::new_many(
+            &self
+                .routes
+                .iter()
+                .map(|r| r.pattern.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| {
+            ConfigError::new(
+                Location::default(),
+                ConfigErrorKind::Parse(format!("the route patterns together are too large: {e}")),
+            )
+        })?;
         let exclude_at = |field: String| Location {
             field: Some(field),
             ..Location::default()
@@ -784,12 +810,18 @@ fn compile_rule(
             (None, None) => route.id.to_owned(),
         };
         let global = route.global.map(|windows| GlobalPolicy {
-            budget: format!("{}:*", route.id).into_boxed_str(),
+            budget: format!("{}:*", route.id).into(),
             windows: windows.into(),
         });
+        let limits = windows
+            .iter()
+            .chain(route.global.unwrap_or(&[]))
+            .map(|w| HeaderValue::from(w.limit()))
+            .collect();
         Some(Arc::new(Policy {
             budget: budget.into_boxed_str(),
             ietf_policy: ietf_policy(&windows, route.global.unwrap_or(&[])),
+            limits,
             windows: windows.into(),
             algorithm: rule.algorithm,
             global,

@@ -158,7 +158,7 @@ struct Pending<S, B, St, I> {
 /// What a limited request is checked against.
 struct Checked {
     policy: Arc<Policy>,
-    budget: String,
+    budget: Arc<str>,
     cost: u32,
     /// When the store was asked.
     started: Instant,
@@ -232,7 +232,7 @@ where
             global: policy
                 .global
                 .as_ref()
-                .map(|g| GlobalCheck::new(&*g.budget, g.windows.clone())),
+                .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
             block: policy.block,
         };
         let fallback = shared.state.fallback.as_ref();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 
-use super::{ip_user, ClientIp, Identify, Identity, IdentityError};
+use super::{ClientIp, Identify, Identity, IdentityError};
 use crate::error::{ConfigError, ConfigErrorKind, Location};
 
 /// The most hops read from the right of a forwarding chain; a longer chain
@@ -195,7 +195,7 @@ impl Identify for ForwardedIp {
             .with_status(StatusCode::INTERNAL_SERVER_ERROR)));
         };
         ready(Ok(match self.client(peer.ip(), &head.headers) {
-            Client::Ip(ip) => Identity::new(ip_user(ip)),
+            Client::Ip(ip) => Identity::from_ip(ip),
             // Prefixed so a token can never equal an address's user.
             Client::Token(token) => Identity::new(format!("token:{token}")),
         }))

@@ -37,6 +37,7 @@ use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::net::SocketAddr;
 
+use arrayvec::ArrayVec;
 use http::request::Parts;
 use http::{HeaderName, StatusCode};
 
@@ -48,15 +49,32 @@ pub use forwarded::{Client, ForwardedIp, Network};
 /// A user and the group whose rules apply to them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
-    user: Vec<u8>,
+    user: User,
     group: Cow<'static, str>,
+}
+
+/// A user's bytes: inline when short (IP addresses: no allocation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum User {
+    Inline(ArrayVec<u8, 46>),
+    Heap(Vec<u8>),
 }
 
 impl Identity {
     /// The user `user`, in group `"default"`.
     pub fn new(user: impl Into<Vec<u8>>) -> Self {
         Self {
-            user: user.into(),
+            user: User::Heap(user.into()),
+            group: Cow::Borrowed(DEFAULT_GROUP),
+        }
+    }
+
+    /// The user named by an IP address, in group `"default"`; IPv6
+    /// addresses stand for their /64 (one host commonly owns a whole /64),
+    /// IPv4-mapped IPv6 addresses for the IPv4 address.
+    pub fn from_ip(ip: std::net::IpAddr) -> Self {
+        Self {
+            user: User::Inline(ip_user(ip)),
             group: Cow::Borrowed(DEFAULT_GROUP),
         }
     }
@@ -70,7 +88,10 @@ impl Identity {
 
     /// The user: any bytes.
     pub fn user(&self) -> &[u8] {
-        &self.user
+        match &self.user {
+            User::Inline(bytes) => bytes,
+            User::Heap(bytes) => bytes,
+        }
     }
 
     /// The group.
@@ -182,18 +203,24 @@ impl ClientIp {
     }
 }
 
-/// The bytes of an IP address as a budget user (IPv6 truncated to /64).
-pub(crate) fn ip_user(ip: std::net::IpAddr) -> Vec<u8> {
-    match ip {
-        std::net::IpAddr::V4(v4) => v4.to_string().into_bytes(),
+/// The bytes of an IP address as a budget user (IPv6 truncated to /64),
+/// written on the stack.
+fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
+    use std::io::Write as _;
+    let mut out = ArrayVec::<u8, 46>::new();
+    // The longest text is "ffff:ffff:ffff:ffff::/64" (24 bytes) or
+    // "255.255.255.255" (15): the buffer always has room.
+    let _ = match ip {
+        std::net::IpAddr::V4(v4) => write!(out, "{v4}"),
         std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string().into_bytes(),
+            Some(v4) => write!(out, "{v4}"),
             None => {
                 let s = v6.segments();
-                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]).into_bytes()
+                write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
             }
         },
-    }
+    };
+    out
 }
 
 impl Identify for ClientIp {
@@ -201,7 +228,7 @@ impl Identify for ClientIp {
 
     fn identify(&self, head: &Parts) -> Self::Future {
         ready(match Self::peer(head) {
-            Some(addr) => Ok(Identity::new(ip_user(addr.ip()))),
+            Some(addr) => Ok(Identity::from_ip(addr.ip())),
             None => Err(IdentityError::new(
                 "the server did not record the peer address (serve with ConnectInfo)",
             )
@@ -262,7 +289,15 @@ mod tests {
         let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
         assert_eq!(ip_user(a), ip_user(b));
         assert_ne!(ip_user(a), ip_user(c));
+        assert_eq!(&ip_user(a)[..], b"2001:db8:1:2::/64");
         let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
-        assert_eq!(ip_user(mapped), b"10.1.2.3");
+        assert_eq!(&ip_user(mapped)[..], b"10.1.2.3");
+        let widest: IpAddr = "ffff:ffff:ffff:ffff:ffff::1".parse().unwrap();
+        assert_eq!(&ip_user(widest)[..], b"ffff:ffff:ffff:ffff::/64");
+        // The same user whichever way it was made.
+        assert_eq!(
+            Identity::from_ip(mapped).user(),
+            Identity::new("10.1.2.3").user()
+        );
     }
 }

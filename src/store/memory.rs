@@ -321,7 +321,7 @@ impl MemoryStore {
     fn decide(&self, check: &Check) -> Decision {
         let inner = &*self.inner;
         let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
-        let hash = inner.hasher.hash_one(check.budget.as_str());
+        let hash = inner.hasher.hash_one(&*check.budget);
         let user_shard = self.shard_of(hash);
         let Some(global) = &check.global else {
             let mut shard = lock(&inner.shards[user_shard]);
@@ -339,7 +339,7 @@ impl MemoryStore {
         // Two budgets, perhaps in two shards: lock them in index order so
         // concurrent checks cannot deadlock, take both entries out, decide,
         // and put back what is still live.
-        let global_hash = inner.hasher.hash_one(global.budget.as_str());
+        let global_hash = inner.hasher.hash_one(&*global.budget);
         let global_shard = self.shard_of(global_hash);
         let (mut first, mut second) = match user_shard.cmp(&global_shard) {
             std::cmp::Ordering::Equal => (lock(&inner.shards[user_shard]), None),

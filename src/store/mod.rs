@@ -34,7 +34,7 @@ pub use memory::MemoryStore;
 pub struct Check {
     /// The budget: `<policy>:<user>`, already encoded so it contains no key
     /// syntax (see [`crate::key`](crate#keys)).
-    pub budget: String,
+    pub budget: Arc<str>,
     /// The windows to check, shortest first.
     pub windows: Arc<[Window]>,
     /// How requests are counted.
@@ -59,14 +59,14 @@ pub struct Check {
 pub struct GlobalCheck {
     /// The route's budget: `<route id>:*` (the Redis store uses the route id
     /// as the hash tag of every key of such a check).
-    pub budget: String,
+    pub budget: Arc<str>,
     /// Its windows, shortest first.
     pub windows: Arc<[Window]>,
 }
 
 impl GlobalCheck {
     /// A route-wide budget.
-    pub fn new(budget: impl Into<String>, windows: impl Into<Arc<[Window]>>) -> Self {
+    pub fn new(budget: impl Into<Arc<str>>, windows: impl Into<Arc<[Window]>>) -> Self {
         Self {
             budget: budget.into(),
             windows: sorted(windows.into()),
@@ -77,7 +77,7 @@ impl GlobalCheck {
     pub fn tag(&self) -> &str {
         self.budget
             .split_once(':')
-            .map_or(self.budget.as_str(), |(tag, _)| tag)
+            .map_or(&*self.budget, |(tag, _)| tag)
     }
 }
 
@@ -92,7 +92,7 @@ fn sorted(windows: Arc<[Window]>) -> Arc<[Window]> {
 
 impl Check {
     /// A check of `budget` against `windows`, costing 1, on the store's clock.
-    pub fn new(budget: impl Into<String>, windows: impl Into<Arc<[Window]>>) -> Self {
+    pub fn new(budget: impl Into<Arc<str>>, windows: impl Into<Arc<[Window]>>) -> Self {
         Self {
             budget: budget.into(),
             windows: sorted(windows.into()),

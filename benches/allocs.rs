@@ -1,0 +1,146 @@
+//! Allocations per request on the memory path, counted by a global
+//! allocator: allowed, denied (from the store and from the denial cache),
+//! and unmatched, through the whole layer with the peer-IP identity.
+//!
+//! ```sh
+//! cargo bench --bench allocs
+//! ```
+#![allow(missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::future::ready;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{Request, Response};
+use http_body_util::Full;
+use tower::{Service, ServiceExt};
+use tower_ratelimit::clock::{ManualClock, Timestamp};
+use tower_ratelimit::{Algorithm, HeaderMode, MemoryStore, RateLimitLayer, Rule, Rules};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: delegates to the system allocator; only counts calls.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// A 3-window rule: `limit` per second, 60× per minute, 3600× per hour
+/// (at one request per millisecond, 1,000 per second is always allowed).
+fn per_request(limit: u32, path: &str, cache: usize, rounds: u64) -> f64 {
+    let rule = Rule::new()
+        .second(limit)
+        .minute(limit * 60)
+        .hour(limit * 3600);
+    per_request_with(rule, HeaderMode::X, path, cache, rounds)
+}
+
+fn per_request_with(rule: Rule, headers: HeaderMode, path: &str, cache: usize, rounds: u64) -> f64 {
+    let rules = Rules::builder()
+        .route("^/api", [rule])
+        .headers(headers)
+        .build()
+        .unwrap();
+    let inner = tower::service_fn(|_req: Request<()>| {
+        ready(Ok::<_, Infallible>(Response::new(Full::new(
+            Bytes::from_static(b"ok"),
+        ))))
+    });
+    // One request per millisecond of a manual clock: a steady state.
+    let clock = ManualClock::new(Timestamp::from_micros(1_767_225_600_000_000));
+    let mut service = tower::ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(rules, MemoryStore::new())
+                .denial_cache(cache)
+                .clock(clock.clone()),
+        )
+        .service(inner);
+    let mut run = |n: u64| {
+        for _ in 0..n {
+            clock.advance(std::time::Duration::from_millis(1));
+            let mut request = Request::builder().uri(path).body(()).unwrap();
+            request
+                .extensions_mut()
+                .insert(SocketAddr::from(([10, 1, 2, 3], 4000)));
+            let ready = service.ready().now_or_never().unwrap().unwrap();
+            let response = ready.call(request).now_or_never().unwrap().unwrap();
+            drop(response);
+        }
+    };
+    // Warm up (the budget exists, tables have grown, header values cached).
+    run(1000);
+    let before = ALLOCS.load(Ordering::Relaxed);
+    run(rounds);
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64
+}
+
+fn baseline(rounds: u64) -> f64 {
+    // What building the request itself costs, to subtract.
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..rounds {
+        let mut request = Request::builder().uri("/api").body(()).unwrap();
+        request
+            .extensions_mut()
+            .insert(SocketAddr::from(([10, 1, 2, 3], 4000)));
+        drop(request);
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64
+}
+
+fn main() {
+    let rounds = 100_000;
+    let base = baseline(rounds);
+    println!("allocations per request through the layer (memory store, peer-IP identity),");
+    println!("beyond the {base:.1} that building the request itself costs:");
+    let rows = [
+        ("unmatched path", per_request(1000, "/other", 0, rounds)),
+        ("allowed", per_request(1000, "/api", 0, rounds)),
+        (
+            "allowed, no headers",
+            per_request_with(
+                Rule::new().second(1000),
+                HeaderMode::None,
+                "/api",
+                0,
+                rounds,
+            ),
+        ),
+        (
+            "allowed, token bucket",
+            per_request_with(
+                Rule::new().second(1000).algorithm(Algorithm::TokenBucket),
+                HeaderMode::X,
+                "/api",
+                0,
+                rounds,
+            ),
+        ),
+        ("denied by the store", per_request(1, "/api", 0, rounds)),
+        (
+            "denied from the denial cache",
+            per_request(1, "/api", 1000, rounds),
+        ),
+    ];
+    for (name, allocs) in rows {
+        println!("  {name:<30} {:>5.1}", allocs - base);
+    }
+}

@@ -1,0 +1,485 @@
+//! The load harness: the crate against its peers, in one run, on loopback.
+//!
+//! ```sh
+//! cargo bench --bench load             # PASSES=3 SECONDS=5 CONNECTIONS=50
+//! ```
+//!
+//! Every scenario is an axum server in its own process, pinned to core 0;
+//! this harness (the load generator: closed loop, HTTP/1.1 keep-alive) and a
+//! throwaway `redis-server` are pinned to core 1. Scenarios run interleaved,
+//! PASSES times; the report gives medians and ratios taken within the run
+//! (the machine drifts, ratios do not). It writes `bench-results/load.md`
+//! and `bench-results/load.svg`.
+//!
+//! Scenarios: bare axum; tower_governor (per peer IP, with its headers),
+//! allowed and denied; this crate on the memory store (per peer IP),
+//! allowed (sliding log, token bucket) and denied; this crate on Redis, one
+//! per algorithm (3 windows, 1,000 users by header); and the ceiling: a
+//! hand-written axum middleware doing one EVALSHA of the same sliding-log
+//! script per request over one multiplexed connection.
+#![allow(missing_docs)]
+
+#[path = "../tests/support/redis_server.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod redis_server;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use tokio::net::TcpStream;
+use tower_ratelimit::identity::{Identity, IdentityError};
+use tower_ratelimit::store::redis::{RedisStore, SLIDING_LOG_LUA};
+use tower_ratelimit::{Algorithm, MemoryStore, RateLimitLayer, Rule, Rules};
+
+const SCENARIOS: &[&str] = &[
+    "bare",
+    "governor-allowed",
+    "governor-denied",
+    "memory-allowed",
+    "memory-allowed-gcra",
+    "memory-denied",
+    "redis-sliding-log",
+    "redis-sliding-window",
+    "redis-fixed-window",
+    "redis-token-bucket",
+    "ceiling",
+];
+
+const USERS: usize = 1000;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+// ---------------------------------------------------------------- servers
+
+fn huge_rule(algorithm: Algorithm) -> Rule {
+    Rule::new()
+        .second(1_000_000_000)
+        .minute(1_000_000_000)
+        .hour(1_000_000_000)
+        .algorithm(algorithm)
+}
+
+fn by_header(head: &http::request::Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
+    let user = head.headers.get("x-user").map(|v| v.as_bytes().to_vec());
+    std::future::ready(
+        user.map(Identity::new)
+            .ok_or_else(|| IdentityError::new("x-user")),
+    )
+}
+
+struct Ceiling {
+    conn: redis::aio::MultiplexedConnection,
+    script: redis::Script,
+}
+
+/// One EVALSHA per request, written by hand: what the store must approach.
+async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) -> Response {
+    let user = request
+        .headers()
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    let mut inv = c.script.prepare_invoke();
+    inv.key(format!("ceil:{{r:{user}}}:l"))
+        .key(format!("ceil:{{r:{user}}}:b"));
+    inv.arg("").arg(1).arg(0).arg(3);
+    for secs in [1u64, 60, 3600] {
+        inv.arg(secs * 1_000_000).arg(1_000_000_000);
+    }
+    inv.arg(0);
+    let mut conn = c.conn.clone();
+    match inv.invoke_async::<Vec<i64>>(&mut conn).await {
+        Ok(reply) if reply.first() == Some(&1) => next.run(request).await,
+        Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+async fn serve(scenario: &str, port: u16, redis: &str) {
+    let app = Router::new().fallback(|| async { "ok" });
+    let app = match scenario {
+        "bare" => app,
+        "governor-allowed" | "governor-denied" => {
+            use tower_governor::governor::GovernorConfigBuilder;
+            use tower_governor::GovernorLayer;
+            let mut builder = GovernorConfigBuilder::default().use_headers();
+            if scenario == "governor-allowed" {
+                builder.per_nanosecond(1).burst_size(1_000_000);
+            } else {
+                builder.per_second(3600).burst_size(1);
+            }
+            app.layer(GovernorLayer::new(Arc::new(builder.finish().unwrap())))
+        }
+        "memory-allowed" | "memory-allowed-gcra" | "memory-denied" => {
+            let rule = match scenario {
+                "memory-allowed" => Rule::new().second(1_000_000_000),
+                "memory-allowed-gcra" => Rule::new()
+                    .second(1_000_000_000)
+                    .algorithm(Algorithm::TokenBucket),
+                _ => Rule::new().hour(1),
+            };
+            let rules = Rules::builder().route("^/", [rule]).build().unwrap();
+            app.layer(RateLimitLayer::new(rules, MemoryStore::new()))
+        }
+        "ceiling" => {
+            let client = redis::Client::open(redis).unwrap();
+            let state = Arc::new(Ceiling {
+                conn: client.get_multiplexed_async_connection().await.unwrap(),
+                script: redis::Script::new(SLIDING_LOG_LUA),
+            });
+            app.layer(axum::middleware::from_fn_with_state(state, ceiling))
+        }
+        redis_scenario => {
+            let algorithm = match redis_scenario {
+                "redis-sliding-log" => Algorithm::SlidingLog,
+                "redis-sliding-window" => Algorithm::SlidingWindow,
+                "redis-fixed-window" => Algorithm::FixedWindow,
+                _ => Algorithm::TokenBucket,
+            };
+            let rules = Rules::builder()
+                .route("^/", [huge_rule(algorithm)])
+                .build()
+                .unwrap();
+            let store = RedisStore::builder()
+                .url(redis)
+                .prefix(redis_scenario)
+                .timeout(Duration::from_secs(1))
+                .build()
+                .await
+                .unwrap();
+            app.layer(RateLimitLayer::new(rules, store).identify(by_header))
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .unwrap();
+}
+
+// ----------------------------------------------------------- load generator
+
+struct Sample {
+    rps: f64,
+    p50_us: u32,
+    p99_us: u32,
+    cpu_us_per_request: f64,
+    redis_us_per_call: f64,
+    redis_calls_per_request: f64,
+    non_2xx: f64,
+}
+
+/// Closed-loop load: `connections` keep-alive connections, each sending the
+/// next request as soon as the last one is answered, for `seconds`.
+async fn load(port: u16, connections: usize, seconds: f64) -> (u64, u64, Vec<u32>) {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..connections {
+        tasks.spawn(async move {
+            let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let mut latencies = Vec::with_capacity(200_000);
+            let (mut ok, mut other) = (0u64, 0u64);
+            let mut i = c;
+            while Instant::now() < deadline {
+                i += connections;
+                let request = http::Request::builder()
+                    .uri("/api")
+                    .header("host", "localhost")
+                    .header("x-user", format!("u{}", i % USERS))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let started = Instant::now();
+                let Ok(response) = sender.send_request(request).await else {
+                    break;
+                };
+                let status = response.status();
+                let _ = response.into_body().collect().await;
+                latencies.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+                if status.is_success() {
+                    ok += 1;
+                } else {
+                    other += 1;
+                }
+            }
+            (ok, other, latencies)
+        });
+    }
+    let (mut ok, mut other, mut all) = (0, 0, Vec::new());
+    while let Some(result) = tasks.join_next().await {
+        let (o, x, l) = result.unwrap();
+        ok += o;
+        other += x;
+        all.extend(l);
+    }
+    (ok, other, all)
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let stime: u64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    utime + stime
+}
+
+fn redis_stats(server: &redis_server::RedisServer) -> (f64, f64) {
+    let info = server.cli(&["info", "commandstats"]);
+    let field = |line: &str, name: &str| -> f64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let evalsha = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
+    let usec = evalsha.map_or(0.0, |l| field(l, "usec_per_call"));
+    // Commands the clients sent: EVALSHA plus anything a client sends
+    // outside scripts (PING, UNWATCH, SCRIPT LOAD...).
+    let client_calls: f64 = info
+        .lines()
+        .filter(|l| {
+            [
+                "cmdstat_evalsha:",
+                "cmdstat_ping:",
+                "cmdstat_unwatch:",
+                "cmdstat_script|load:",
+                "cmdstat_eval:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
+        .map(|l| field(l, "calls"))
+        .sum();
+    (usec, client_calls)
+}
+
+fn pin(pid: u32, core: &str) {
+    let _ = Command::new("taskset")
+        .args(["-a", "-cp", core, &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn svg(rows: &[(String, f64)]) -> String {
+    let max = rows.iter().map(|r| r.1).fold(1.0, f64::max);
+    let height = 40 + rows.len() * 28;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"760\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"13\">\n\
+         <text x=\"10\" y=\"22\" font-size=\"15\">req/s (median), same run, loopback, 2 cores</text>\n"
+    );
+    for (i, (name, rps)) in rows.iter().enumerate() {
+        let y = 40 + i * 28;
+        let width = (rps / max * 440.0).max(1.0);
+        let color = if name.starts_with("redis") || name == "ceiling" {
+            "#c0392b"
+        } else if name.starts_with("memory") {
+            "#2980b9"
+        } else {
+            "#7f8c8d"
+        };
+        out.push_str(&format!(
+            "<text x=\"10\" y=\"{}\">{name}</text><rect x=\"200\" y=\"{}\" width=\"{width:.0}\" height=\"18\" fill=\"{color}\"/><text x=\"{:.0}\" y=\"{}\">{rps:.0}</text>\n",
+            y + 14,
+            y,
+            205.0 + width,
+            y + 14
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve") {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(serve(
+            &args[i + 1],
+            args[i + 2].parse().unwrap(),
+            &args[i + 3],
+        ));
+        return;
+    }
+    let passes = env("PASSES", 3) as usize;
+    let seconds = env("SECONDS", 5) as f64;
+    let connections = env("CONNECTIONS", 50) as usize;
+    let only: Option<Vec<String>> = std::env::var("ONLY")
+        .ok()
+        .map(|s| s.split(',').map(str::to_owned).collect());
+    let scenarios: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s)))
+        .collect();
+
+    pin(std::process::id(), "1");
+    let redis = redis_server::RedisServer::start();
+    if let Some(pid) = redis.pid() {
+        pin(pid, "1");
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut servers: Vec<(&str, u16, Child)> = Vec::new();
+    for &scenario in &scenarios {
+        let port = free_port();
+        let child = Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(&exe)
+            .args(["--serve", scenario, &port.to_string(), &redis.url()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("taskset");
+        servers.push((scenario, port, child));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Wait for every server, then warm each up.
+    for (_, port, _) in &servers {
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        runtime.block_on(load(*port, connections, 1.0));
+    }
+    let ticks_per_second = 100.0; // USER_HZ on Linux
+    let mut samples: Vec<Vec<Sample>> = scenarios.iter().map(|_| Vec::new()).collect();
+    for pass in 0..passes {
+        for (i, (scenario, port, child)) in servers.iter().enumerate() {
+            redis.cli(&["config", "resetstat"]);
+            let cpu_before = cpu_ticks(child.id());
+            let started = Instant::now();
+            let (ok, other, mut latencies) = runtime.block_on(load(*port, connections, seconds));
+            let elapsed = started.elapsed().as_secs_f64();
+            let cpu = (cpu_ticks(child.id()) - cpu_before) as f64 / ticks_per_second;
+            let total = ok + other;
+            latencies.sort_unstable();
+            let pct = |p: f64| {
+                latencies
+                    .get(
+                        ((latencies.len() as f64 * p) as usize)
+                            .min(latencies.len().saturating_sub(1)),
+                    )
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let (usec, calls) = redis_stats(&redis);
+            let sample = Sample {
+                rps: total as f64 / elapsed,
+                p50_us: pct(0.50),
+                p99_us: pct(0.99),
+                cpu_us_per_request: cpu * 1e6 / total.max(1) as f64,
+                redis_us_per_call: usec,
+                redis_calls_per_request: (calls / total.max(1) as f64).max(0.0),
+                non_2xx: other as f64 / total.max(1) as f64,
+            };
+            eprintln!(
+                "pass {pass} {scenario:<22} {:>9.0} req/s  p50 {:>5} us  p99 {:>6} us  cpu {:>5.1} us/req  redis {:>5.1} us/call {:.2} calls/req  denied {:.0}%",
+                sample.rps, sample.p50_us, sample.p99_us, sample.cpu_us_per_request, sample.redis_us_per_call, sample.redis_calls_per_request, sample.non_2xx * 100.0
+            );
+            samples[i].push(sample);
+        }
+    }
+    for (_, _, child) in &mut servers {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    let med = |i: usize, f: &dyn Fn(&Sample) -> f64| {
+        median(&mut samples[i].iter().map(f).collect::<Vec<_>>())
+    };
+    let index = |name: &str| scenarios.iter().position(|s| *s == name);
+    let bare = index("bare").map(|i| med(i, &|s| s.rps));
+    let ceiling_rps = index("ceiling").map(|i| med(i, &|s| s.rps));
+    let mut table = String::from(
+        "| scenario | req/s | vs bare axum | vs ceiling | p50 µs | p99 µs | app CPU µs/req | Redis µs/call | Redis cmds/req | denied |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut bars = Vec::new();
+    for (i, scenario) in scenarios.iter().enumerate() {
+        let rps = med(i, &|s| s.rps);
+        let ratio =
+            |base: Option<f64>| base.map_or("—".to_owned(), |b| format!("{:.2}", rps / b));
+        let redis_cols = if scenario.starts_with("redis") || *scenario == "ceiling" {
+            (
+                format!("{:.1}", med(i, &|s| s.redis_us_per_call)),
+                format!("{:.2}", med(i, &|s| s.redis_calls_per_request)),
+            )
+        } else {
+            (
+                "—".to_owned(),
+                format!("{:.2}", med(i, &|s| s.redis_calls_per_request)),
+            )
+        };
+        table.push_str(&format!(
+            "| {scenario} | {rps:.0} | {} | {} | {:.0} | {:.0} | {:.1} | {} | {} | {:.0}% |\n",
+            ratio(bare),
+            if scenario.starts_with("redis") {
+                ratio(ceiling_rps)
+            } else {
+                "—".to_owned()
+            },
+            med(i, &|s| f64::from(s.p50_us)),
+            med(i, &|s| f64::from(s.p99_us)),
+            med(i, &|s| s.cpu_us_per_request),
+            redis_cols.0,
+            redis_cols.1,
+            med(i, &|s| s.non_2xx) * 100.0,
+        ));
+        bars.push((scenario.to_string(), rps));
+    }
+    let header = format!(
+        "{passes} interleaved passes of {seconds} s per scenario, {connections} connections, medians; server pinned to core 0, load generator and redis-server to core 1.\n\n"
+    );
+    println!("\n{header}{table}");
+    let _ = std::fs::create_dir_all("bench-results");
+    let _ = std::fs::write("bench-results/load.md", format!("{header}{table}"));
+    let _ = std::fs::write("bench-results/load.svg", svg(&bars));
+}
