@@ -71,7 +71,10 @@ impl DenialCache {
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        (cost >= hit.cost).then(|| hit.decision.rewound(Duration::from_micros(now - hit.at)))
+        // `now` may be a little older than the entry: it was read before this
+        // request waited for the lock, maybe before the entry was made.
+        let elapsed = Duration::from_micros(now.saturating_sub(hit.at));
+        (cost >= hit.cost).then(|| hit.decision.rewound(elapsed))
     }
 
     /// Remembers that `budget` is denied for requests of `cost` or more
@@ -130,6 +133,16 @@ mod tests {
         assert!(cache.get("b", 5, 10_999).is_some());
         assert!(cache.get("b", 5, 11_000).is_none());
         assert_eq!(cache.len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_reading_older_than_the_entry_is_not_an_underflow() {
+        // A request read the clock, then waited for the shard lock while
+        // another request cached a denial.
+        let cache = DenialCache::new(100);
+        cache.insert("b", 1, 5_000, &denied(10));
+        let hit = cache.get("b", 1, 4_000).unwrap();
+        assert_eq!(hit.retry_after(), Some(Duration::from_millis(10)));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use crate::body::RateLimitBody;
 use crate::decision::{self, GrpcStatus, RateHeaders};
-use crate::identity::{ClientIp, Identify};
+use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
 use crate::layer::{FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
@@ -108,42 +108,76 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let candidates = self
-            .shared
+        let shared = &*self.shared;
+        let candidates = shared
             .rules
             .candidates(request.method(), request.uri().path());
         let Some(candidates) = candidates else {
-            return ResponseFuture {
-                state: State::Calling {
-                    fut: self.inner.call(request),
-                    headers: None,
-                },
-            };
+            return ResponseFuture::calling(self.inner.call(request), None);
         };
-        // The service that was polled ready goes into the future; a fresh
-        // clone stays behind for the next poll_ready.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let (head, body) = request.into_parts();
-        let fut = self.shared.identity.identify(&head);
-        ResponseFuture {
-            state: State::Identifying {
-                fut,
-                pending: Some(Pending {
-                    inner,
-                    grpc: decision::is_grpc(&head.headers),
-                    head,
-                    body,
-                    candidates,
-                    shared: self.shared.clone(),
-                    checked: None,
-                }),
-            },
+        let grpc = decision::is_grpc(&head.headers);
+        // The fast path: an identity and a store that answer at once (the
+        // built-ins, the memory store, the denial cache) decide right here,
+        // and the ready inner service is called directly.
+        let verdict = match shared.identity.identify_now(&head) {
+            Some(identity) => shared.on_identity(&head, &candidates, grpc, identity),
+            None => {
+                let fut = shared.identity.identify(&head);
+                let pending = self.pending(head, body, candidates, grpc);
+                return ResponseFuture {
+                    state: State::Identifying {
+                        fut,
+                        pending: Some(pending),
+                    },
+                };
+            }
+        };
+        match verdict {
+            Verdict::Pass(headers) => {
+                let fut = self.inner.call(Request::from_parts(head, body));
+                ResponseFuture::calling(fut, headers)
+            }
+            Verdict::Answer(response, headers) => ResponseFuture::answer(response, headers),
+            Verdict::Wait(fut, checked) => {
+                let mut pending = self.pending(head, body, candidates, grpc);
+                pending.checked = Some(checked);
+                ResponseFuture {
+                    state: State::Checking {
+                        fut,
+                        pending: Some(pending),
+                    },
+                }
+            }
         }
     }
 }
 
-/// A request held while its identity and budget are decided.
+impl<S: Clone, St, I> RateLimit<S, St, I> {
+    /// Holds the request for an asynchronous decision. The service that was
+    /// polled ready goes with it; a fresh clone stays behind for the next
+    /// poll_ready.
+    fn pending<B>(
+        &mut self,
+        head: Parts,
+        body: B,
+        candidates: Candidates,
+        grpc: bool,
+    ) -> Pending<S, B, St, I> {
+        let clone = self.inner.clone();
+        Pending {
+            inner: std::mem::replace(&mut self.inner, clone),
+            head,
+            body,
+            candidates,
+            shared: self.shared.clone(),
+            grpc,
+            checked: None,
+        }
+    }
+}
+
+/// A request held while its identity or its budget is decided.
 struct Pending<S, B, St, I> {
     inner: S,
     head: Parts,
@@ -153,6 +187,15 @@ struct Pending<S, B, St, I> {
     grpc: bool,
     /// Set once a rule applies.
     checked: Option<Checked>,
+}
+
+impl<S, B, St, I> Pending<S, B, St, I> {
+    fn call<R>(mut self) -> S::Future
+    where
+        S: Service<Request<B>, Response = Response<R>>,
+    {
+        self.inner.call(Request::from_parts(self.head, self.body))
+    }
 }
 
 /// What a limited request is checked against.
@@ -166,61 +209,66 @@ struct Checked {
     retry: Option<Check>,
 }
 
-enum Next<F, SF> {
-    Call(F, Option<RateHeaders>),
-    Check(SF),
+/// What to do with a request.
+enum Verdict<SF> {
+    /// Call the inner service, and add these headers to its response.
+    Pass(Option<RateHeaders>),
+    /// Answer without calling the inner service.
     Answer(Response<Bytes>, Option<RateHeaders>),
+    /// Wait for the store.
+    Wait(SF, Checked),
 }
 
-impl<S, B, St, I> Pending<S, B, St, I>
-where
-    St: Store,
-    I: Identify,
-{
-    fn call<R>(mut self, headers: Option<RateHeaders>) -> Next<S::Future, St::Future>
-    where
-        S: Service<Request<B>, Response = Response<R>>,
-    {
-        let fut = self.inner.call(Request::from_parts(self.head, self.body));
-        Next::Call(fut, headers)
-    }
-
-    /// Picks the rule, then answers from the denial cache or the fallback
-    /// store, or asks the store.
-    fn identified<R>(
-        mut self,
-        identity: crate::identity::Identity,
-    ) -> (Next<S::Future, St::Future>, Option<Self>)
-    where
-        S: Service<Request<B>, Response = Response<R>>,
-    {
-        let shared = self.shared.clone();
-        let policy = shared
+impl<St: Store, I> Shared<St, I> {
+    /// Picks the rule, then answers from the denial cache, the fallback
+    /// store or a store that decides at once, or asks the store.
+    fn on_identity(
+        &self,
+        head: &Parts,
+        candidates: &Candidates,
+        grpc: bool,
+        identity: Result<Identity, IdentityError>,
+    ) -> Verdict<St::Future> {
+        let identity = match identity {
+            Ok(identity) => identity,
+            Err(error) => {
+                let response = match &self.options.on_identity_error {
+                    Some(f) => f(&error),
+                    None if grpc => {
+                        decision::grpc(GrpcStatus::Unauthenticated, error.message(), None)
+                    }
+                    None => decision::problem(error.status(), error.message()),
+                };
+                return Verdict::Answer(response, None);
+            }
+        };
+        let policy = self
             .rules
-            .select(&self.candidates, identity.group(), &self.head.method)
+            .select(candidates, identity.group(), &head.method)
             .and_then(|rule| rule.policy.clone());
         let Some(policy) = policy else {
-            return (self.call(None), None);
+            return Verdict::Pass(None);
         };
-        let options = &shared.options;
-        let cost = options.cost.as_ref().map_or(1, |f| f(&self.head));
+        let options = &self.options;
+        let cost = options.cost.as_ref().map_or(1, |f| f(head));
         let budget = key::budget_key(&policy.budget, identity.user());
-        let now = shared.now();
-        if !policy.shadow && !options.shadow {
-            if let Some(denied) = shared
+        let shadow = policy.shadow || options.shadow;
+        if !shadow {
+            let now = self.now();
+            if let Some(denied) = self
                 .state
                 .denials
                 .as_ref()
                 .and_then(|c| c.get(&budget, cost, now))
             {
-                self.checked = Some(Checked {
+                let checked = Checked {
                     policy,
                     budget,
                     cost,
                     started: Instant::now(),
                     retry: None,
-                });
-                return (self.decided(Ok(denied), Outcome::DeniedLocally), None);
+                };
+                return self.on_decision(checked, grpc, Ok(denied), Outcome::DeniedLocally);
             }
         }
         let check = Check {
@@ -235,41 +283,38 @@ where
                 .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
             block: policy.block,
         };
-        let fallback = shared.state.fallback.as_ref();
-        let retry = fallback.map(|_| check.clone());
-        self.checked = Some(Checked {
+        let fallback = self.state.fallback.as_ref();
+        let checked = Checked {
             policy,
             budget,
             cost,
             started: Instant::now(),
-            retry,
-        });
-        if let Some(fallback) = fallback.filter(|f| f.bypass(now)) {
+            retry: fallback.map(|_| check.clone()),
+        };
+        if let Some(fallback) = fallback.filter(|f| f.bypass(self.now())) {
             let decision = fallback.store.decide_now(&check);
-            return (self.decided(Ok(decision), Outcome::Fallback), None);
+            return self.on_decision(checked, grpc, Ok(decision), Outcome::Fallback);
         }
-        (Next::Check(shared.store.check(check)), Some(self))
+        match self.store.check_now(check) {
+            Ok(result) => self.on_decision(checked, grpc, result, Outcome::Allowed),
+            Err(check) => Verdict::Wait(self.store.check(check), checked),
+        }
     }
 
-    /// Turns a store's answer into the next step.
-    fn decided<R>(
-        mut self,
+    /// Turns a store's answer into what to do with the request.
+    fn on_decision(
+        &self,
+        checked: Checked,
+        grpc: bool,
         result: Result<Decision, StoreError>,
         via: Outcome,
-    ) -> Next<S::Future, St::Future>
-    where
-        S: Service<Request<B>, Response = Response<R>>,
-    {
-        let shared = self.shared.clone();
-        let options = &shared.options;
-        let Some(checked) = self.checked.take() else {
-            return self.call(None);
-        };
+    ) -> Verdict<St::Future> {
+        let options = &self.options;
         let (decision, via) = match result {
             Ok(decision) => {
                 if via == Outcome::Allowed {
                     observe::store_latency(checked.started.elapsed());
-                    if let Some(fallback) = &shared.state.fallback {
+                    if let Some(fallback) = &self.state.fallback {
                         fallback.recovered();
                     }
                 }
@@ -278,13 +323,12 @@ where
             Err(error) => {
                 observe::store_error();
                 let mode = options.fail_mode;
-                shared
-                    .state
+                self.state
                     .warnings
-                    .store_failed(&error, mode, shared.real_now());
-                match (mode, &shared.state.fallback, &checked.retry) {
+                    .store_failed(&error, mode, self.real_now());
+                match (mode, &self.state.fallback, &checked.retry) {
                     (FailMode::Fallback, Some(fallback), Some(check)) => {
-                        fallback.failed(shared.now());
+                        fallback.failed(self.now());
                         (fallback.store.decide_now(check), Outcome::Fallback)
                     }
                     (FailMode::Closed, ..) => {
@@ -294,7 +338,7 @@ where
                             Outcome::FailClosed,
                             None,
                         );
-                        let response = if self.grpc {
+                        let response = if grpc {
                             decision::grpc(
                                 GrpcStatus::Unavailable,
                                 "rate limiter unavailable",
@@ -303,7 +347,7 @@ where
                         } else {
                             decision::store_unavailable()
                         };
-                        return Next::Answer(response, None);
+                        return Verdict::Answer(response, None);
                     }
                     _ => {
                         observe::outcome(
@@ -312,7 +356,7 @@ where
                             Outcome::FailOpen,
                             None,
                         );
-                        return self.call(None);
+                        return Verdict::Pass(None);
                     }
                 }
             }
@@ -327,7 +371,7 @@ where
                 Outcome::Allowed
             };
             observe::outcome(&policy.route, &checked.budget, outcome, remaining);
-            return self.call(Some(headers));
+            return Verdict::Pass(Some(headers));
         }
         if policy.shadow || options.shadow {
             observe::outcome(
@@ -336,7 +380,7 @@ where
                 Outcome::ShadowDenied,
                 remaining,
             );
-            return self.call(Some(headers.without_retry()));
+            return Verdict::Pass(Some(headers.without_retry()));
         }
         let outcome = match via {
             Outcome::Allowed => Outcome::Denied,
@@ -344,20 +388,20 @@ where
         };
         observe::outcome(&policy.route, &checked.budget, outcome, remaining);
         if outcome == Outcome::Denied {
-            if let Some(cache) = &shared.state.denials {
-                cache.insert(&checked.budget, checked.cost, shared.now(), &decision);
+            if let Some(cache) = &self.state.denials {
+                cache.insert(&checked.budget, checked.cost, self.now(), &decision);
             }
         }
         let response = match &options.on_blocked {
             Some(f) => f(&decision),
-            None if self.grpc => decision::grpc(
+            None if grpc => decision::grpc(
                 GrpcStatus::ResourceExhausted,
                 "rate limit exceeded",
                 decision.retry_after(),
             ),
             None => decision::too_many_requests(),
         };
-        Next::Answer(response, Some(headers))
+        Verdict::Answer(response, Some(headers))
     }
 }
 
@@ -384,15 +428,60 @@ pin_project! {
     }
 }
 
-impl<F, IF, SF, P> State<F, IF, SF, P> {
-    fn from_next(next: Next<F, SF>, pending: Option<P>) -> Self {
-        match next {
-            Next::Call(fut, headers) => State::Calling { fut, headers },
-            Next::Check(fut) => State::Checking { fut, pending },
-            Next::Answer(response, headers) => State::Answer {
+impl<S, B, St, I> ResponseFuture<S, B, St, I>
+where
+    S: Service<Request<B>>,
+    St: Store,
+    I: Identify,
+{
+    fn calling(fut: S::Future, headers: Option<RateHeaders>) -> Self {
+        Self {
+            state: State::Calling { fut, headers },
+        }
+    }
+
+    fn answer(response: Response<Bytes>, headers: Option<RateHeaders>) -> Self {
+        Self {
+            state: State::Answer {
                 response: Some(response),
                 headers,
             },
+        }
+    }
+}
+
+type StateOf<S, B, St, I> = State<
+    <S as Service<Request<B>>>::Future,
+    <I as Identify>::Future,
+    <St as Store>::Future,
+    Pending<S, B, St, I>,
+>;
+
+/// The next state after a verdict on a held request.
+fn next_state<S, B, St, I, R>(
+    verdict: Verdict<St::Future>,
+    mut pending: Pending<S, B, St, I>,
+) -> StateOf<S, B, St, I>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    St: Store,
+    I: Identify,
+{
+    match verdict {
+        Verdict::Pass(headers) => State::Calling {
+            fut: pending.call(),
+            headers,
+        },
+        Verdict::Answer(response, headers) => State::Answer {
+            response: Some(response),
+            headers,
+        },
+        Verdict::Wait(fut, checked) => {
+            pending.checked = Some(checked);
+            State::Checking {
+                fut,
+                pending: Some(pending),
+            }
         }
     }
 }
@@ -425,34 +514,27 @@ where
                     let Some(pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    match identity {
-                        Ok(identity) => {
-                            let (next, pending) = pending.identified(identity);
-                            State::from_next(next, pending)
-                        }
-                        Err(error) => {
-                            let response = match &pending.shared.options.on_identity_error {
-                                Some(f) => f(&error),
-                                None if pending.grpc => decision::grpc(
-                                    GrpcStatus::Unauthenticated,
-                                    error.message(),
-                                    None,
-                                ),
-                                None => decision::problem(error.status(), error.message()),
-                            };
-                            State::Answer {
-                                response: Some(response),
-                                headers: None,
-                            }
-                        }
-                    }
+                    let shared = pending.shared.clone();
+                    let verdict = shared.on_identity(
+                        &pending.head,
+                        &pending.candidates,
+                        pending.grpc,
+                        identity,
+                    );
+                    next_state(verdict, pending)
                 }
                 StateProj::Checking { fut, pending } => {
                     let result = ready!(fut.poll(cx));
-                    let Some(pending) = pending.take() else {
+                    let Some(mut pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    State::from_next(pending.decided(result, Outcome::Allowed), None)
+                    let Some(checked) = pending.checked.take() else {
+                        return Poll::Pending;
+                    };
+                    let shared = pending.shared.clone();
+                    let verdict =
+                        shared.on_decision(checked, pending.grpc, result, Outcome::Allowed);
+                    next_state(verdict, pending)
                 }
                 StateProj::Calling { fut, headers } => {
                     let mut response = ready!(fut.poll(cx))?;

@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 
-use super::{ClientIp, Identify, Identity, IdentityError};
+use super::{no_peer, ready_identity, ClientIp, Identify, Identity, IdentityError};
 use crate::error::{ConfigError, ConfigErrorKind, Location};
 
 /// The most hops read from the right of a forwarding chain; a longer chain
@@ -184,22 +184,19 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
 }
 
-impl Identify for ForwardedIp {
-    type Future = Ready<Result<Identity, IdentityError>>;
-
-    fn identify(&self, head: &Parts) -> Self::Future {
-        let Some(peer) = ClientIp::peer(head) else {
-            return ready(Err(IdentityError::new(
-                "the server did not record the peer address (serve with ConnectInfo)",
-            )
-            .with_status(StatusCode::INTERNAL_SERVER_ERROR)));
-        };
-        ready(Ok(match self.client(peer.ip(), &head.headers) {
+impl ForwardedIp {
+    fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
+        let peer = ClientIp::peer(head).ok_or_else(no_peer)?;
+        Ok(match self.client(peer.ip(), &head.headers) {
             Client::Ip(ip) => Identity::from_ip(ip),
             // Prefixed so a token can never equal an address's user.
             Client::Token(token) => Identity::new(format!("token:{token}")),
-        }))
+        })
     }
+}
+
+impl Identify for ForwardedIp {
+    ready_identity!();
 }
 
 #[cfg(test)]

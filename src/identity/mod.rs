@@ -151,7 +151,31 @@ pub trait Identify: Send + Sync + 'static {
 
     /// Identifies the sender of the request whose head is `head`.
     fn identify(&self, head: &Parts) -> Self::Future;
+
+    /// The identity, when it can be told without waiting (the built-ins
+    /// can): the layer then decides without holding the request. `None`
+    /// (the default) means "call [`identify`](Self::identify)".
+    fn identify_now(&self, head: &Parts) -> Option<Result<Identity, IdentityError>> {
+        let _ = head;
+        None
+    }
 }
+
+/// Implements `identify` through a synchronous `identify_now`.
+macro_rules! ready_identity {
+    () => {
+        type Future = Ready<Result<Identity, IdentityError>>;
+
+        fn identify(&self, head: &Parts) -> Self::Future {
+            ready(self.decide(head))
+        }
+
+        fn identify_now(&self, head: &Parts) -> Option<Result<Identity, IdentityError>> {
+            Some(self.decide(head))
+        }
+    };
+}
+pub(crate) use ready_identity;
 
 impl<F, Fut> Identify for F
 where
@@ -223,18 +247,23 @@ fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
     out
 }
 
-impl Identify for ClientIp {
-    type Future = Ready<Result<Identity, IdentityError>>;
-
-    fn identify(&self, head: &Parts) -> Self::Future {
-        ready(match Self::peer(head) {
+impl ClientIp {
+    fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
+        match Self::peer(head) {
             Some(addr) => Ok(Identity::from_ip(addr.ip())),
-            None => Err(IdentityError::new(
-                "the server did not record the peer address (serve with ConnectInfo)",
-            )
-            .with_status(StatusCode::INTERNAL_SERVER_ERROR)),
-        })
+            None => Err(no_peer()),
+        }
     }
+}
+
+/// The error of an identity that needs the peer address and has none.
+pub(crate) fn no_peer() -> IdentityError {
+    IdentityError::new("the server did not record the peer address (serve with ConnectInfo)")
+        .with_status(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+impl Identify for ClientIp {
+    ready_identity!();
 }
 
 /// The value of one request header (for example `x-api-key`), in group
@@ -269,12 +298,14 @@ impl Identify for HeaderValue {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Global;
 
-impl Identify for Global {
-    type Future = Ready<Result<Identity, IdentityError>>;
-
-    fn identify(&self, _head: &Parts) -> Self::Future {
-        ready(Ok(Identity::new(&b"*"[..])))
+impl Global {
+    fn decide(&self, _head: &Parts) -> Result<Identity, IdentityError> {
+        Ok(Identity::new(&b"*"[..]))
     }
+}
+
+impl Identify for Global {
+    ready_identity!();
 }
 
 #[cfg(test)]

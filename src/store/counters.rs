@@ -239,7 +239,7 @@ pub(crate) fn token_bucket(
     for (i, w) in windows.iter().enumerate() {
         let (n, t) = bucket(w);
         tat[i] = state[at[i]][1].max(now);
-        let next = tat[i] + cost * t;
+        let next = tat[i].saturating_add(cost.saturating_mul(t));
         if next - now > n * t {
             allowed = false;
             let wait = if cost > n { n * t } else { next - now - n * t };
@@ -251,7 +251,7 @@ pub(crate) fn token_bucket(
     for (i, w) in windows.iter().enumerate() {
         let (n, t) = bucket(w);
         if allowed && record {
-            tat[i] += cost * t;
+            tat[i] = tat[i].saturating_add(cost.saturating_mul(t));
             state[at[i]] = [w.micros(), tat[i], 0, 0];
         }
         expires = expires.max(tat[i]);

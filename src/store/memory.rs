@@ -406,6 +406,10 @@ impl Store for MemoryStore {
     fn check(&self, check: Check) -> Self::Future {
         ready(Ok(self.decide(&check)))
     }
+
+    fn check_now(&self, check: Check) -> Result<Result<Decision, StoreError>, Check> {
+        Ok(Ok(self.decide(&check)))
+    }
 }
 
 #[cfg(test)]

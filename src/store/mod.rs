@@ -369,6 +369,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Decides on `check`, and records it when allowed.
     fn check(&self, check: Check) -> Self::Future;
+
+    /// Decides at once, when the store can (the memory store can): the
+    /// layer then answers without holding the request. The default gives
+    /// the check back, meaning "call [`check`](Self::check)".
+    fn check_now(&self, check: Check) -> Result<Result<Decision, StoreError>, Check> {
+        Err(check)
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -376,5 +383,9 @@ impl<S: Store> Store for Arc<S> {
 
     fn check(&self, check: Check) -> Self::Future {
         (**self).check(check)
+    }
+
+    fn check_now(&self, check: Check) -> Result<Result<Decision, StoreError>, Check> {
+        (**self).check_now(check)
     }
 }
