@@ -54,6 +54,11 @@ impl DenialCache {
         &self.shards[i]
     }
 
+    /// Whether nothing is cached (one atomic load).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     /// The cached denial of a request of `cost` for `budget` at `now`
     /// (microseconds on the layer's clock), with its waits shortened by the
     /// time since it was cached.

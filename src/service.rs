@@ -203,8 +203,8 @@ struct Checked {
     policy: Arc<Policy>,
     budget: Arc<str>,
     cost: u32,
-    /// When the store was asked.
-    started: Instant,
+    /// When an asynchronous store was asked.
+    started: Option<Instant>,
     /// A copy of the check, kept only for [`FailMode::Fallback`].
     retry: Option<Check>,
 }
@@ -253,19 +253,14 @@ impl<St: Store, I> Shared<St, I> {
         let cost = options.cost.as_ref().map_or(1, |f| f(head));
         let budget = key::budget_key(&policy.budget, identity.user());
         let shadow = policy.shadow || options.shadow;
-        if !shadow {
-            let now = self.now();
-            if let Some(denied) = self
-                .state
-                .denials
-                .as_ref()
-                .and_then(|c| c.get(&budget, cost, now))
-            {
+        let cache = self.state.denials.as_ref().filter(|c| !c.is_empty());
+        if let (false, Some(cache)) = (shadow, cache) {
+            if let Some(denied) = cache.get(&budget, cost, self.now()) {
                 let checked = Checked {
                     policy,
                     budget,
                     cost,
-                    started: Instant::now(),
+                    started: None,
                     retry: None,
                 };
                 return self.on_decision(checked, grpc, Ok(denied), Outcome::DeniedLocally);
@@ -284,11 +279,11 @@ impl<St: Store, I> Shared<St, I> {
             block: policy.block,
         };
         let fallback = self.state.fallback.as_ref();
-        let checked = Checked {
+        let mut checked = Checked {
             policy,
             budget,
             cost,
-            started: Instant::now(),
+            started: None,
             retry: fallback.map(|_| check.clone()),
         };
         if let Some(fallback) = fallback.filter(|f| f.bypass(self.now())) {
@@ -297,7 +292,12 @@ impl<St: Store, I> Shared<St, I> {
         }
         match self.store.check_now(check) {
             Ok(result) => self.on_decision(checked, grpc, result, Outcome::Allowed),
-            Err(check) => Verdict::Wait(self.store.check(check), checked),
+            Err(check) => {
+                // Only a store that makes the request wait has a latency
+                // worth measuring.
+                checked.started = Some(Instant::now());
+                Verdict::Wait(self.store.check(check), checked)
+            }
         }
     }
 
@@ -312,8 +312,10 @@ impl<St: Store, I> Shared<St, I> {
         let options = &self.options;
         let (decision, via) = match result {
             Ok(decision) => {
+                if let Some(started) = checked.started {
+                    observe::store_latency(started.elapsed());
+                }
                 if via == Outcome::Allowed {
-                    observe::store_latency(checked.started.elapsed());
                     if let Some(fallback) = &self.state.fallback {
                         fallback.recovered();
                     }
