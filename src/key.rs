@@ -60,8 +60,16 @@ pub(crate) fn push_encoded(out: &mut impl Write, bytes: &[u8]) {
     }
 }
 
-/// The encoding of `bytes` as a new string.
-pub(crate) fn encode(bytes: &[u8]) -> String {
+/// The encoding of `bytes` as a key part (see the module docs): what a user
+/// becomes in `<policy>:<user>`.
+///
+/// ```
+/// use tower_ratelimit::key::encode;
+///
+/// assert_eq!(encode(b"alice@example.com"), "alice@example.com");
+/// assert_eq!(encode(b"a:b{c}"), "a%3Ab%7Bc%7D");
+/// ```
+pub fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(encoded_len(bytes).min(MAX_ENCODED + 1));
     push_encoded(&mut out, bytes);
     out

@@ -1,0 +1,218 @@
+//! The fault matrix: every failure mode of a real `redis-server` × every
+//! fail mode. For each: no request may wait past the deadline (plus
+//! scheduling slack), decisions made while Redis is healthy are exact, and
+//! limiting on Redis resumes by itself once the fault ends. Run with
+//! `--nocapture` to see the measured figures (RELIABILITY.md).
+
+mod support;
+
+use std::io::Write as _;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::redis_server::{cli, RedisServer};
+use support::App;
+use tower_ratelimit::store::redis::RedisStore;
+use tower_ratelimit::{FailMode, Rule, Rules};
+
+const DEADLINE: Duration = Duration::from_millis(50);
+/// Scheduling slack on a busy 2-core machine running the suite in parallel.
+const SLACK: Duration = Duration::from_millis(250);
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Killed,
+    Paused,
+    Slow,
+    ScriptFlush,
+    MaxClients,
+}
+
+/// What a fault leaves behind to undo.
+enum Undo {
+    Restart,
+    Wait(Instant),
+    Nothing,
+    MaxClients(TcpStream),
+}
+
+fn inject(server: &mut RedisServer, fault: Fault) -> Undo {
+    match fault {
+        Fault::Killed => {
+            server.kill();
+            Undo::Restart
+        }
+        Fault::Paused => {
+            assert_eq!(server.cli(&["client", "pause", "1200", "all"]), "OK");
+            Undo::Wait(Instant::now() + Duration::from_millis(1200))
+        }
+        Fault::Slow => {
+            // DEBUG SLEEP blocks the whole server; run it from another client.
+            let port = server.port;
+            std::thread::spawn(move || cli(port, &["debug", "sleep", "1.2"]));
+            std::thread::sleep(Duration::from_millis(50));
+            Undo::Wait(Instant::now() + Duration::from_millis(1150))
+        }
+        Fault::ScriptFlush => {
+            assert_eq!(server.cli(&["script", "flush"]), "OK");
+            Undo::Nothing
+        }
+        Fault::MaxClients => {
+            // One connection drops every other one and keeps the only slot.
+            let mut holder = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+            holder
+                .write_all(b"CLIENT KILL TYPE normal SKIPME yes\r\nCONFIG SET maxclients 1\r\n")
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            Undo::MaxClients(holder)
+        }
+    }
+}
+
+fn undo(server: &mut RedisServer, undo: Undo) {
+    match undo {
+        Undo::Restart => server.restart(),
+        Undo::Wait(until) => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+        Undo::Nothing => {}
+        Undo::MaxClients(mut holder) => {
+            holder
+                .write_all(b"CONFIG SET maxclients 10000\r\n")
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            drop(holder);
+        }
+    }
+}
+
+async fn run(fault: Fault, mode: FailMode) {
+    // DEBUG SLEEP needs the debug command, from local clients only.
+    let mut server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    let rules = Rules::builder()
+        .route("^/", [Rule::new().minute(2)])
+        .build()
+        .unwrap();
+    // Real time throughout: the fallback probes the store every 500 ms of it.
+    let app = App::on_store_clock(rules, store, |l| l.fail_mode(mode).denial_cache(0));
+
+    // Healthy: exact.
+    let healthy: Vec<StatusCode> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(app.get("/x", "exact").await.status);
+        }
+        v
+    };
+    assert_eq!(
+        healthy,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+
+    let pending = inject(&mut server, fault);
+    let mut late = 0;
+    let mut worst = Duration::ZERO;
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        let started = Instant::now();
+        let reply = app.get("/x", &format!("during{i}")).await;
+        let took = started.elapsed();
+        worst = worst.max(took);
+        if took > DEADLINE + SLACK {
+            late += 1;
+        }
+        statuses.push((reply.status, reply.limited()));
+    }
+    let expected = match (fault, mode) {
+        // A flushed script is loaded again: no failure at all.
+        (Fault::ScriptFlush, _) => (StatusCode::OK, true),
+        (_, FailMode::Open) => (StatusCode::OK, false),
+        (_, FailMode::Closed) => (StatusCode::SERVICE_UNAVAILABLE, false),
+        // Limited by the in-process store meanwhile.
+        _ => (StatusCode::OK, true),
+    };
+    // The first request may still be answered by Redis (a pause or a sleep
+    // can begin a moment after it); every later one shows the fail mode.
+    for (i, got) in statuses.iter().enumerate().skip(1) {
+        assert_eq!(
+            *got, expected,
+            "{fault:?}/{mode:?} request {i}: {statuses:?}"
+        );
+    }
+
+    undo(&mut server, pending);
+    let recovering = Instant::now();
+    let mut i = 0;
+    loop {
+        i += 1;
+        let user = format!("after{i}");
+        let reply = app.get("/x", &user).await;
+        let on_redis = reply.limited()
+            && !server
+                .cli(&["--scan", "--pattern", &format!("*{user}*")])
+                .is_empty();
+        if on_redis {
+            break;
+        }
+        assert!(
+            recovering.elapsed() < Duration::from_secs(5),
+            "{fault:?}/{mode:?}: limiting never resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed = recovering.elapsed();
+    // And exact again.
+    assert_eq!(app.get("/x", "again").await.status, StatusCode::OK);
+    assert_eq!(app.get("/x", "again").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/x", "again").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    println!(
+        "FAULT {fault:?} / {mode:?}: late {late}/10, slowest {:.1} ms, resumed on Redis after {:.0} ms",
+        worst.as_secs_f64() * 1e3,
+        resumed.as_secs_f64() * 1e3
+    );
+    assert_eq!(
+        late, 0,
+        "{fault:?}/{mode:?}: {late} requests waited past the deadline (slowest {worst:?})"
+    );
+}
+
+macro_rules! matrix {
+    ($($name:ident: $fault:expr, $mode:expr;)+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                run($fault, $mode).await;
+            }
+        )+
+    };
+}
+
+matrix! {
+    killed_open: Fault::Killed, FailMode::Open;
+    killed_closed: Fault::Killed, FailMode::Closed;
+    killed_fallback: Fault::Killed, FailMode::Fallback;
+    paused_open: Fault::Paused, FailMode::Open;
+    paused_closed: Fault::Paused, FailMode::Closed;
+    paused_fallback: Fault::Paused, FailMode::Fallback;
+    slow_open: Fault::Slow, FailMode::Open;
+    slow_closed: Fault::Slow, FailMode::Closed;
+    slow_fallback: Fault::Slow, FailMode::Fallback;
+    script_flush_open: Fault::ScriptFlush, FailMode::Open;
+    script_flush_closed: Fault::ScriptFlush, FailMode::Closed;
+    script_flush_fallback: Fault::ScriptFlush, FailMode::Fallback;
+    max_clients_open: Fault::MaxClients, FailMode::Open;
+    max_clients_closed: Fault::MaxClients, FailMode::Closed;
+    max_clients_fallback: Fault::MaxClients, FailMode::Fallback;
+}
