@@ -216,3 +216,80 @@ matrix! {
     max_clients_closed: Fault::MaxClients, FailMode::Closed;
     max_clients_fallback: Fault::MaxClients, FailMode::Fallback;
 }
+
+/// A Cluster master killed, its replica promoted (`CLUSTER FAILOVER
+/// TAKEOVER`): no request waits past the deadline, and limiting resumes on
+/// the new master by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_killed_and_replica_promoted() {
+    use support::redis_server::RedisCluster;
+    let mut cluster = RedisCluster::start_with_replicas();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    let rules = Rules::builder()
+        .route("^/", [Rule::new().minute(2)])
+        .build()
+        .unwrap();
+    let app = App::on_store_clock(rules, store, |l| l.denial_cache(0));
+    assert_eq!(app.get("/x", "victim").await.status, StatusCode::OK);
+    // Find the slot of the user's key, and the master that serves it.
+    let key = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["--scan", "--pattern", "*victim*"]))
+        .find(|k| !k.is_empty())
+        .expect("the key exists");
+    let slot: u16 = cluster.nodes[0]
+        .cli(&["cluster", "keyslot", &key])
+        .parse()
+        .unwrap();
+    let (master, replica) = cluster.master_and_replica(slot);
+    let replica = replica.expect("every master has a replica");
+    // Let the write reach the replica before the master dies.
+    std::thread::sleep(Duration::from_millis(200));
+
+    cluster.nodes[master].kill();
+    assert_eq!(
+        cluster.nodes[replica].cli(&["cluster", "failover", "takeover"]),
+        "OK"
+    );
+    let started = Instant::now();
+    let mut late = 0;
+    let mut worst = Duration::ZERO;
+    let resumed = loop {
+        let t = Instant::now();
+        let reply = app.get("/x", "victim").await;
+        let took = t.elapsed();
+        worst = worst.max(took);
+        if took > DEADLINE + SLACK {
+            late += 1;
+        }
+        if reply.limited() {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "limiting never resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!(
+        "FAULT ClusterFailover / Open: late {late}, slowest {:.1} ms, resumed on the new master after {:.0} ms",
+        worst.as_secs_f64() * 1e3,
+        resumed.as_secs_f64() * 1e3
+    );
+    assert_eq!(
+        late, 0,
+        "{late} requests waited past the deadline (slowest {worst:?})"
+    );
+    // The replica had the budget: the user's second request was the one
+    // just answered, so the third is denied.
+    assert_eq!(
+        app.get("/x", "victim").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

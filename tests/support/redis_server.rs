@@ -178,7 +178,16 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_nodes(3, 0)
+    }
+
+    /// Three masters, each with one replica.
+    pub fn start_with_replicas() -> Self {
+        Self::start_nodes(6, 1)
+    }
+
+    fn start_nodes(count: usize, replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..count)
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
@@ -197,7 +206,7 @@ impl RedisCluster {
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -216,11 +225,51 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "cluster never became ok");
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Replicas must have synced before a test can rely on them.
+        while replicas > 0 {
+            let synced = nodes.iter().all(|n| {
+                let info = n.cli(&["info", "replication"]);
+                !info.contains("role:slave") || info.contains("master_link_status:up")
+            });
+            if synced {
+                break;
+            }
+            assert!(Instant::now() < deadline, "replicas never synced");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         Self { nodes }
     }
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node indexes of the master serving `slot` and of its replica.
+    pub fn master_and_replica(&self, slot: u16) -> (usize, Option<usize>) {
+        let view = self.nodes[0].cli(&["cluster", "nodes"]);
+        let lines: Vec<Vec<&str>> = view
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let index_of = |address: &str| {
+            let port: u16 = address.split(['@', ':']).nth(1).unwrap().parse().unwrap();
+            self.nodes.iter().position(|n| n.port == port).unwrap()
+        };
+        let serves = |ranges: &[&str]| {
+            ranges.iter().any(|r| match r.split_once('-') {
+                Some((a, b)) => (a.parse::<u16>().unwrap()..=b.parse().unwrap()).contains(&slot),
+                None => r.parse::<u16>().ok() == Some(slot),
+            })
+        };
+        let master = lines
+            .iter()
+            .find(|f| f[2].contains("master") && serves(&f[8..]))
+            .expect("a master serves every slot");
+        let replica = lines
+            .iter()
+            .find(|f| f[3] == master[0])
+            .map(|f| index_of(f[1]));
+        (index_of(master[1]), replica)
     }
 }
 
