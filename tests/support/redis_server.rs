@@ -226,14 +226,13 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         // Replicas must have synced before a test can rely on them.
-        while replicas > 0 {
-            let synced = nodes.iter().all(|n| {
+        let synced = || {
+            nodes.iter().all(|n| {
                 let info = n.cli(&["info", "replication"]);
                 !info.contains("role:slave") || info.contains("master_link_status:up")
-            });
-            if synced {
-                break;
-            }
+            })
+        };
+        while replicas > 0 && !synced() {
             assert!(Instant::now() < deadline, "replicas never synced");
             std::thread::sleep(Duration::from_millis(50));
         }
