@@ -2,6 +2,7 @@
 //!
 //! ```sh
 //! cargo bench --bench load             # PASSES=3 SECONDS=5 CONNECTIONS=50
+//! SOAK=300 cargo bench --bench load    # the soak instead (RELIABILITY.md)
 //! ```
 //!
 //! Every scenario is an axum server in its own process, pinned to core 0;
@@ -136,6 +137,34 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             let rules = Rules::builder().route("^/", [rule]).build().unwrap();
             app.layer(RateLimitLayer::new(rules, MemoryStore::new()))
         }
+        "soak" => {
+            let rules = Rules::builder()
+                .route(
+                    "^/a",
+                    [Rule::new().second(5).algorithm(Algorithm::FixedWindow)],
+                )
+                .route(
+                    "^/b",
+                    [Rule::new()
+                        .per(Duration::from_secs(2), 20)
+                        .algorithm(Algorithm::FixedWindow)],
+                )
+                .build()
+                .unwrap();
+            let store = RedisStore::builder()
+                .url(redis)
+                .prefix("soak")
+                .timeout(Duration::from_secs(1))
+                .build()
+                .await
+                .unwrap();
+            // The cache would answer most denials; the soak is about the store.
+            app.layer(
+                RateLimitLayer::new(rules, store)
+                    .identify(by_header)
+                    .denial_cache(0),
+            )
+        }
         "ceiling" => {
             let client = redis::Client::open(redis).unwrap();
             let state = Arc::new(Ceiling {
@@ -237,6 +266,129 @@ async fn load(port: u16, connections: usize, seconds: f64) -> (u64, u64, Vec<u32
         all.extend(l);
     }
     (ok, other, all)
+}
+
+/// The soak: mixed users and routes for `seconds`, recording the
+/// `X-RateLimit-Remaining` of every allowed response per budget, and the
+/// server's memory every 5 seconds.
+async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
+    use std::collections::HashMap;
+    const LIMITS: [(&str, u64); 2] = [("/a", 5), ("/b", 20)];
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let sampler = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        while Instant::now() < deadline {
+            samples.push((started.elapsed().as_secs(), rss_kib(pid)));
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        samples.push((started.elapsed().as_secs(), rss_kib(pid)));
+        samples
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..connections {
+        tasks.spawn(async move {
+            let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            // (route, user) -> count of allowed responses per remaining value
+            let mut seen: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
+            let (mut allowed, mut denied, mut errors) = (0u64, 0u64, 0u64);
+            let mut i = c;
+            while Instant::now() < deadline {
+                i = i
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let route = (i >> 33) % 2;
+                let user = ((i >> 40) % 200) as usize;
+                let request = http::Request::builder()
+                    .uri(LIMITS[route as usize].0)
+                    .header("host", "localhost")
+                    .header("x-user", format!("u{user}"))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let Ok(response) = sender.send_request(request).await else {
+                    errors += 1;
+                    break;
+                };
+                match response.status() {
+                    StatusCode::OK => {
+                        allowed += 1;
+                        let remaining: usize = response.headers()["x-ratelimit-remaining"]
+                            .to_str()
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        let counts = seen
+                            .entry((route as usize, user))
+                            .or_insert_with(|| vec![0; LIMITS[route as usize].1 as usize]);
+                        counts[remaining] += 1;
+                    }
+                    StatusCode::TOO_MANY_REQUESTS => denied += 1,
+                    _ => errors += 1,
+                }
+                let _ = response.into_body().collect().await;
+            }
+            (seen, allowed, denied, errors)
+        });
+    }
+    let mut seen: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
+    let (mut allowed, mut denied, mut errors) = (0, 0, 0);
+    while let Some(result) = tasks.join_next().await {
+        let (s, a, d, e) = result.unwrap();
+        allowed += a;
+        denied += d;
+        errors += e;
+        for (budget, counts) in s {
+            let total = seen.entry(budget).or_insert_with(|| vec![0; counts.len()]);
+            for (t, c) in total.iter_mut().zip(counts) {
+                *t += c;
+            }
+        }
+    }
+    let samples = sampler.await.unwrap();
+    // In a fixed window of limit L, the allowed responses report remaining
+    // L-1, ..., 0, once each. Over the run, every value must appear once
+    // per window: equally often, give or take the first and last windows.
+    let windows = |route: usize| (seconds / if route == 0 { 1.0 } else { 2.0 }).ceil() as u64 + 1;
+    let mut worst_spread = 0;
+    let mut over = 0;
+    for ((route, _), counts) in &seen {
+        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        worst_spread = worst_spread.max(max - min);
+        if *max > windows(*route) {
+            over += 1;
+        }
+    }
+    let warm = samples
+        .iter()
+        .find(|(t, _)| *t >= 30)
+        .or(samples.first())
+        .map_or(0, |s| s.1);
+    let last = samples.last().map_or(0, |s| s.1);
+    println!("soak: {seconds} s, {connections} connections, 400 budgets (200 users x 2 routes), fixed windows on Redis");
+    println!("  requests: {allowed} allowed, {denied} denied, {errors} errors");
+    println!("  per budget, each remaining value seen equally often within {worst_spread} (first/last window); budgets with a value seen more often than there were windows: {over}");
+    println!(
+        "  server RSS: {warm} KiB after warm-up, {last} KiB at the end ({:+} KiB)",
+        last as i64 - warm as i64
+    );
+    println!("  samples (s, KiB): {samples:?}");
+    assert_eq!(errors, 0, "error responses");
+    assert_eq!(over, 0, "a window allowed more than its limit");
+    assert!(worst_spread <= 2, "uneven windows: spread {worst_spread}");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn cpu_ticks(pid: u32) -> u64 {
@@ -342,6 +494,33 @@ fn main() {
             args[i + 2].parse().unwrap(),
             &args[i + 3],
         ));
+        return;
+    }
+    if let Ok(seconds) = std::env::var("SOAK") {
+        let seconds: f64 = seconds.parse().unwrap_or(300.0);
+        let redis = redis_server::RedisServer::start();
+        let port = free_port();
+        let exe = std::env::current_exe().unwrap();
+        let mut child = Command::new(&exe)
+            .args(["--serve", "soak", &port.to_string(), &redis.url()])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(soak(
+            port,
+            child.id(),
+            env("CONNECTIONS", 50) as usize,
+            seconds,
+        ));
+        let _ = child.kill();
+        let _ = child.wait();
         return;
     }
     let passes = env("PASSES", 3) as usize;
