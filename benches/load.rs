@@ -297,6 +297,8 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
             // (route, user) -> count of allowed responses per remaining value
             let mut seen: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
             let (mut allowed, mut denied, mut errors) = (0u64, 0u64, 0u64);
+            // Denials while the window still had room: must never happen.
+            let mut early = 0u64;
             let mut i = c;
             while Instant::now() < deadline {
                 i = i
@@ -327,21 +329,27 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
                             .or_insert_with(|| vec![0; LIMITS[route as usize].1 as usize]);
                         counts[remaining] += 1;
                     }
-                    StatusCode::TOO_MANY_REQUESTS => denied += 1,
+                    StatusCode::TOO_MANY_REQUESTS => {
+                        denied += 1;
+                        if response.headers()["x-ratelimit-remaining"] != "0" {
+                            early += 1;
+                        }
+                    }
                     _ => errors += 1,
                 }
                 let _ = response.into_body().collect().await;
             }
-            (seen, allowed, denied, errors)
+            (seen, allowed, denied, errors, early)
         });
     }
     let mut seen: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
-    let (mut allowed, mut denied, mut errors) = (0, 0, 0);
+    let (mut allowed, mut denied, mut errors, mut early) = (0, 0, 0, 0);
     while let Some(result) = tasks.join_next().await {
-        let (s, a, d, e) = result.unwrap();
+        let (s, a, d, e, x) = result.unwrap();
         allowed += a;
         denied += d;
         errors += e;
+        early += x;
         for (budget, counts) in s {
             let total = seen.entry(budget).or_insert_with(|| vec![0; counts.len()]);
             for (t, c) in total.iter_mut().zip(counts) {
@@ -351,8 +359,10 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     }
     let samples = sampler.await.unwrap();
     // In a fixed window of limit L, the allowed responses report remaining
-    // L-1, ..., 0, once each. Over the run, every value must appear once
-    // per window: equally often, give or take the first and last windows.
+    // L-1, ..., 0, once each: no value may appear more often than there were
+    // windows (that would be a window allowing more than L). A denial must
+    // report 0 remaining (else it was denied while the window had room).
+    // The spread between values counts windows that demand did not fill.
     let windows = |route: usize| (seconds / if route == 0 { 1.0 } else { 2.0 }).ceil() as u64 + 1;
     let mut worst_spread = 0;
     let mut over = 0;
@@ -371,7 +381,7 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     let last = samples.last().map_or(0, |s| s.1);
     println!("soak: {seconds} s, {connections} connections, 400 budgets (200 users x 2 routes), fixed windows on Redis");
     println!("  requests: {allowed} allowed, {denied} denied, {errors} errors");
-    println!("  per budget, each remaining value seen equally often within {worst_spread} (first/last window); budgets with a value seen more often than there were windows: {over}");
+    println!("  windows allowing more than their limit: {over} budgets; denials while the window had room: {early}; windows demand left unfilled: at most {worst_spread} per budget");
     println!(
         "  server RSS: {warm} KiB after warm-up, {last} KiB at the end ({:+} KiB)",
         last as i64 - warm as i64
@@ -379,7 +389,7 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     println!("  samples (s, KiB): {samples:?}");
     assert_eq!(errors, 0, "error responses");
     assert_eq!(over, 0, "a window allowed more than its limit");
-    assert!(worst_spread <= 2, "uneven windows: spread {worst_spread}");
+    assert_eq!(early, 0, "denied while the window had room");
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -199,6 +199,17 @@ macro_rules! matrix {
     };
 }
 
+macro_rules! matrix_failover {
+    ($($name:ident: $mode:expr;)+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                failover($mode).await;
+            }
+        )+
+    };
+}
+
 matrix! {
     killed_open: Fault::Killed, FailMode::Open;
     killed_closed: Fault::Killed, FailMode::Closed;
@@ -219,9 +230,8 @@ matrix! {
 
 /// A Cluster master killed, its replica promoted (`CLUSTER FAILOVER
 /// TAKEOVER`): no request waits past the deadline, and limiting resumes on
-/// the new master by itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_master_killed_and_replica_promoted() {
+/// the new master by itself, in every fail mode.
+async fn failover(mode: FailMode) {
     use support::redis_server::RedisCluster;
     let mut cluster = RedisCluster::start_with_replicas();
     let store = RedisStore::builder()
@@ -234,7 +244,7 @@ async fn cluster_master_killed_and_replica_promoted() {
         .route("^/", [Rule::new().minute(2)])
         .build()
         .unwrap();
-    let app = App::on_store_clock(rules, store, |l| l.denial_cache(0));
+    let app = App::on_store_clock(rules, store, |l| l.denial_cache(0).fail_mode(mode));
     assert_eq!(app.get("/x", "victim").await.status, StatusCode::OK);
     // Find the slot of the user's key, and the master that serves it.
     let key = cluster
@@ -278,7 +288,7 @@ async fn cluster_master_killed_and_replica_promoted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     println!(
-        "FAULT ClusterFailover / Open: late {late}, slowest {:.1} ms, resumed on the new master after {:.0} ms",
+        "FAULT ClusterFailover / {mode:?}: late {late}, slowest {:.1} ms, resumed on the new master after {:.0} ms",
         worst.as_secs_f64() * 1e3,
         resumed.as_secs_f64() * 1e3
     );
@@ -286,10 +296,18 @@ async fn cluster_master_killed_and_replica_promoted() {
         late, 0,
         "{late} requests waited past the deadline (slowest {worst:?})"
     );
-    // The replica had the budget: the user's second request was the one
-    // just answered, so the third is denied.
-    assert_eq!(
-        app.get("/x", "victim").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    // Whatever the layer answers while the cluster client settles (a
+    // request that timed out here may still have run on the new master, and
+    // a fallback store counts on its own), Redis never allows past the
+    // limit: the budget holds its 2 entries.
+    for _ in 0..3 {
+        app.get("/x", "victim").await;
+    }
+    assert_eq!(cluster.nodes[replica].cli(&["zcard", &key]), "2");
+}
+
+matrix_failover! {
+    cluster_failover_open: FailMode::Open;
+    cluster_failover_closed: FailMode::Closed;
+    cluster_failover_fallback: FailMode::Fallback;
 }
