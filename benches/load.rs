@@ -305,9 +305,9 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 let route = (i >> 33) % 2;
-                let user = ((i >> 40) % 200) as usize;
+                let user = (i >> 40) % 200;
                 let request = http::Request::builder()
-                    .uri(LIMITS[route as usize].0)
+                    .uri(LIMITS[route].0)
                     .header("host", "localhost")
                     .header("x-user", format!("u{user}"))
                     .body(Empty::<Bytes>::new())
@@ -325,8 +325,8 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
                             .parse()
                             .unwrap();
                         let counts = seen
-                            .entry((route as usize, user))
-                            .or_insert_with(|| vec![0; LIMITS[route as usize].1 as usize]);
+                            .entry((route, user))
+                            .or_insert_with(|| vec![0; LIMITS[route].1 as usize]);
                         counts[remaining] += 1;
                     }
                     StatusCode::TOO_MANY_REQUESTS => {
