@@ -15,9 +15,9 @@
 //! ```
 #![allow(missing_docs)]
 
-#[path = "../tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
+mod support;
+
+use support::redis_server;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -165,15 +165,11 @@ async fn throughput(store: &RedisStore, algorithm: Algorithm, checks: usize) -> 
 }
 
 fn usec_per_evalsha(server: &RedisServer) -> f64 {
-    let info = server.cli(&["info", "commandstats"]);
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| {
-            l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix("usec_per_call="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    support::commandstat(
+        &server.cli(&["info", "commandstats"]),
+        "evalsha",
+        "usec_per_call",
+    )
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -231,10 +227,7 @@ async fn main() {
             usec[i].push(usec_per_evalsha(&server));
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+    let median = |v: &mut Vec<f64>| support::median(v);
     let base = median(&mut rates[0].clone());
     println!("\nRedis checks/s, 3 windows, 50 workers, median of {passes} interleaved passes of {checks}:");
     println!(

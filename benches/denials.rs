@@ -8,9 +8,9 @@
 //! ```
 #![allow(missing_docs)]
 
-#[path = "../tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
+mod support;
+
+use support::redis_server;
 
 use std::convert::Infallible;
 use std::future::ready;
@@ -62,12 +62,7 @@ where
 }
 
 fn evalsha_calls(server: &RedisServer) -> f64 {
-    let info = server.cli(&["info", "commandstats"]);
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    support::commandstat(&server.cli(&["info", "commandstats"]), "evalsha", "calls")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -118,10 +113,7 @@ async fn main() {
         without.push(run(uncached.clone(), requests).await);
         calls[1] += evalsha_calls(&server);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+    let median = |v: &mut Vec<f64>| support::median(v);
     let (with, without) = (median(&mut with), median(&mut without));
     let per = |c: f64| c / (passes * requests) as f64;
     println!("denied requests/s through the layer on Redis, 50 workers, median of {passes} passes of {requests}:");

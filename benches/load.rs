@@ -20,9 +20,9 @@
 //! script per request over one multiplexed connection.
 #![allow(missing_docs)]
 
-#[path = "../tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
+mod support;
+
+use support::redis_server;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -413,30 +413,12 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 fn redis_stats(server: &redis_server::RedisServer) -> (f64, f64) {
     let info = server.cli(&["info", "commandstats"]);
-    let field = |line: &str, name: &str| -> f64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    let evalsha = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
-    let usec = evalsha.map_or(0.0, |l| field(l, "usec_per_call"));
+    let usec = support::commandstat(&info, "evalsha", "usec_per_call");
     // Commands the clients sent: EVALSHA plus anything a client sends
     // outside scripts (PING, UNWATCH, SCRIPT LOAD...).
-    let client_calls: f64 = info
-        .lines()
-        .filter(|l| {
-            [
-                "cmdstat_evalsha:",
-                "cmdstat_ping:",
-                "cmdstat_unwatch:",
-                "cmdstat_script|load:",
-                "cmdstat_eval:",
-            ]
-            .iter()
-            .any(|p| l.starts_with(p))
-        })
-        .map(|l| field(l, "calls"))
+    let client_calls: f64 = ["evalsha", "ping", "unwatch", "script|load", "eval"]
+        .iter()
+        .map(|command| support::commandstat(&info, command, "calls"))
         .sum();
     (usec, client_calls)
 }
@@ -455,11 +437,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }
 
 fn svg(rows: &[(String, f64)]) -> String {
@@ -623,7 +600,7 @@ fn main() {
     }
 
     let med = |i: usize, f: &dyn Fn(&Sample) -> f64| {
-        median(&mut samples[i].iter().map(f).collect::<Vec<_>>())
+        support::median(&mut samples[i].iter().map(f).collect::<Vec<_>>())
     };
     let index = |name: &str| scenarios.iter().position(|s| *s == name);
     let bare = index("bare").map(|i| med(i, &|s| s.rps));

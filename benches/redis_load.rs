@@ -19,9 +19,9 @@
 //! ```
 #![allow(missing_docs)]
 
-#[path = "../tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
+mod support;
+
+use support::redis_server;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -98,11 +98,16 @@ async fn sliding_log(
     user: usize,
     windows: &[Window],
 ) -> i64 {
+    // The store's argument layout (scripts/prelude.lua): state and block
+    // keys; now (empty: TIME), cost, block time, the windows, no route-wide
+    // windows.
     let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
-    inv.arg("").arg(1);
+    inv.key(format!("{prefix}:{{u{user}}}:b"));
+    inv.arg("").arg(1).arg(0).arg(windows.len());
     for w in windows {
         inv.arg(w.micros()).arg(w.limit());
     }
+    inv.arg(0);
     let r: Vec<i64> = inv.invoke_async(conn).await.unwrap();
     r[0]
 }
@@ -128,29 +133,6 @@ async fn run(shape: &Shape, checks: usize) -> f64 {
     }
     while tasks.join_next().await.is_some() {}
     checks as f64 / started.elapsed().as_secs_f64()
-}
-
-fn stat(info: &str, command: &str, field: &str) -> f64 {
-    info.lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .and_then(|l| {
-            l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn total_calls(info: &str) -> f64 {
-    info.lines()
-        .filter(|l| {
-            l.starts_with("cmdstat_")
-                && !l.starts_with("cmdstat_info:")
-                && !l.starts_with("cmdstat_config")
-        })
-        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
-        .filter_map(|v| v.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -223,23 +205,20 @@ async fn main() {
             server.cli(&["config", "resetstat"]);
             rates[i].push(run(shape, checks).await);
             let info = server.cli(&["info", "commandstats"]);
-            usec[i].push(stat(&info, "evalsha", "usec_per_call"));
-            let evalsha = stat(&info, "evalsha", "calls");
+            usec[i].push(support::commandstat(&info, "evalsha", "usec_per_call"));
+            let evalsha = support::commandstat(&info, "evalsha", "calls");
             // Script-internal commands are counted by Redis too; what the
             // client sent is EVALSHA plus everything that is not called from
             // a script (PING, UNWATCH, SCRIPT LOAD...).
-            let internal = total_calls(&info)
+            let internal = support::total_calls(&info)
                 - evalsha
-                - stat(&info, "ping", "calls")
-                - stat(&info, "unwatch", "calls");
-            client_cmds[i].push((total_calls(&info) - internal) / checks as f64);
+                - support::commandstat(&info, "ping", "calls")
+                - support::commandstat(&info, "unwatch", "calls");
+            client_cmds[i].push((support::total_calls(&info) - internal) / checks as f64);
             per_check[i].push(internal / checks as f64);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+    let median = |v: &mut Vec<f64>| support::median(v);
     let base = median(&mut rates[0].clone());
     println!(
         "{checks} checks x {passes} passes, {WORKERS} concurrent workers, 3-window sliding log"

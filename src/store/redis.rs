@@ -614,23 +614,11 @@ impl RedisStoreBuilder {
                 Backend::Cluster(lazy)
             }
             Some(Target::Pool(pool)) => {
-                let load = async {
-                    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    scripts.load(&mut conn).await.map_err(|e| e.to_string())
-                };
-                if let Err(error) = flatten(tokio::time::timeout(connect_timeout, load).await) {
-                    tracing::warn!(%error, "could not load the rate-limit script through the pool yet");
-                }
+                load_through(pool.get(), &scripts, connect_timeout).await;
                 Backend::Pool(pool)
             }
             Some(Target::ClusterPool(pool)) => {
-                let load = async {
-                    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    scripts.load(&mut conn).await.map_err(|e| e.to_string())
-                };
-                if let Err(error) = flatten(tokio::time::timeout(connect_timeout, load).await) {
-                    tracing::warn!(%error, "could not load the rate-limit script through the cluster pool yet");
-                }
+                load_through(pool.get(), &scripts, connect_timeout).await;
                 Backend::ClusterPool(pool)
             }
         };
@@ -645,6 +633,25 @@ impl RedisStoreBuilder {
     }
 }
 
-fn flatten<T>(r: Result<Result<T, String>, tokio::time::error::Elapsed>) -> Result<T, String> {
-    r.map_err(|_| "timed out".to_owned()).and_then(|r| r)
+/// Loads the scripts through a connection checked out of a caller's pool;
+/// a failure is only logged (the first calls will load them on NOSCRIPT).
+async fn load_through<C, E>(
+    checkout: impl Future<Output = Result<C, E>>,
+    scripts: &Scripts,
+    timeout: Duration,
+) where
+    C: ConnectionLike,
+    E: std::fmt::Display,
+{
+    let load = async {
+        let mut conn = checkout.await.map_err(|e| e.to_string())?;
+        scripts.load(&mut conn).await.map_err(|e| e.to_string())
+    };
+    let result = match tokio::time::timeout(timeout, load).await {
+        Ok(result) => result,
+        Err(_) => Err("timed out".to_owned()),
+    };
+    if let Err(error) = result {
+        tracing::warn!(%error, "could not load the rate-limit scripts through the pool yet");
+    }
 }
