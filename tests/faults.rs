@@ -118,6 +118,29 @@ async fn run(fault: Fault, mode: FailMode) {
         ]
     );
 
+    // Background load: 8 clients sending as fast as they are answered, from
+    // before the fault until the measurements end (the fault hits mid-load).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for c in 0..8 {
+        let (app, stop) = (app.clone(), stop.clone());
+        load.spawn(async move {
+            let (mut late, mut worst, mut n) = (0, Duration::ZERO, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let started = Instant::now();
+                app.get("/x", &format!("load{c}-{}", n % 50)).await;
+                let took = started.elapsed();
+                worst = worst.max(took);
+                late += u32::from(took > DEADLINE + SLACK);
+                // A store that fails at once answers without ever waiting:
+                // yield, as a real connection's I/O would.
+                tokio::task::yield_now().await;
+            }
+            (late, worst, n)
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let pending = inject(&mut server, fault);
     let mut late = 0;
     let mut worst = Duration::ZERO;
@@ -149,6 +172,15 @@ async fn run(fault: Fault, mode: FailMode) {
         );
     }
 
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut background = 0;
+    while let Some(result) = load.join_next().await {
+        let (l, w, n) = result.unwrap();
+        late += l;
+        worst = worst.max(w);
+        background += n;
+    }
+
     undo(&mut server, pending);
     let recovering = Instant::now();
     let mut i = 0;
@@ -178,7 +210,8 @@ async fn run(fault: Fault, mode: FailMode) {
         StatusCode::TOO_MANY_REQUESTS
     );
     println!(
-        "FAULT {fault:?} / {mode:?}: late {late}/10, slowest {:.1} ms, resumed on Redis after {:.0} ms",
+        "FAULT {fault:?} / {mode:?}: late {late} of {} requests, slowest {:.1} ms, resumed on Redis after {:.0} ms",
+        10 + background,
         worst.as_secs_f64() * 1e3,
         resumed.as_secs_f64() * 1e3
     );
