@@ -18,9 +18,14 @@ use tower_ratelimit::{FailMode, Rule, Rules};
 const TEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn standalone() -> RedisStore {
+    standalone_at(&unique_prefix()).await
+}
+
+/// A store on the shared standalone server, under `prefix`.
+async fn standalone_at(prefix: &str) -> RedisStore {
     RedisStore::builder()
         .url(&shared().standalone)
-        .prefix(unique_prefix())
+        .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .build()
         .await
@@ -139,13 +144,7 @@ async fn replicas_share_one_exact_budget() {
 async fn denied_requests_write_nothing_in_redis() {
     let port = port_of(&shared().standalone);
     let prefix = unique_prefix();
-    let store = RedisStore::builder()
-        .url(&shared().standalone)
-        .prefix(&prefix)
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = standalone_at(&prefix).await;
     let app = App::new(one_route(Rule::new().second(2).minute(3).hour(100)), store);
     app.get("/a", "u").await;
     app.get("/a", "u").await;
@@ -179,12 +178,7 @@ async fn denied_requests_write_nothing_in_redis() {
 async fn every_key_has_a_ttl() {
     let port = port_of(&shared().standalone);
     let prefix = unique_prefix();
-    let store = RedisStore::builder()
-        .url(&shared().standalone)
-        .prefix(&prefix)
-        .build()
-        .await
-        .unwrap();
+    let store = standalone_at(&prefix).await;
     let rules = Rules::builder()
         .route("^/a", [Rule::new().second(2).minute(5)])
         .route("^/b", [Rule::new().per(Duration::from_millis(1500), 1)])
@@ -211,12 +205,7 @@ async fn every_key_has_a_ttl() {
 async fn scores_come_from_the_server_clock() {
     let port = port_of(&shared().standalone);
     let prefix = unique_prefix();
-    let store = RedisStore::builder()
-        .url(&shared().standalone)
-        .prefix(&prefix)
-        .build()
-        .await
-        .unwrap();
+    let store = standalone_at(&prefix).await;
     // Two replicas: neither injects a clock, so whatever their own clocks
     // say, both decide on the server's TIME and agree exactly.
     let a = App::on_store_clock(
