@@ -85,21 +85,22 @@ fn undo(server: &mut RedisServer, undo: Undo) {
     }
 }
 
-async fn run(fault: Fault, mode: FailMode) {
-    // DEBUG SLEEP needs the debug command, from local clients only.
-    let mut server = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(DEADLINE)
-        .build()
-        .await
-        .unwrap();
+/// An app limited to 2 per minute on `store` (with the test deadline), in
+/// `mode`, on real time (the fallback probes every 500 ms of it), without
+/// the denial cache (every request must reach the store).
+async fn app_on(store: tower_ratelimit::store::redis::RedisStoreBuilder, mode: FailMode) -> App {
+    let store = store.timeout(DEADLINE).build().await.unwrap();
     let rules = Rules::builder()
         .route("^/", [Rule::new().minute(2)])
         .build()
         .unwrap();
-    // Real time throughout: the fallback probes the store every 500 ms of it.
-    let app = App::on_store_clock(rules, store, |l| l.fail_mode(mode).denial_cache(0));
+    App::on_store_clock(rules, store, |l| l.fail_mode(mode).denial_cache(0))
+}
+
+async fn run(fault: Fault, mode: FailMode) {
+    // DEBUG SLEEP needs the debug command, from local clients only.
+    let mut server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let app = app_on(RedisStore::builder().url(server.url()), mode).await;
 
     // Healthy: exact.
     let healthy: Vec<StatusCode> = {
@@ -267,17 +268,7 @@ matrix! {
 async fn failover(mode: FailMode) {
     use support::redis_server::RedisCluster;
     let mut cluster = RedisCluster::start_with_replicas();
-    let store = RedisStore::builder()
-        .cluster(cluster.urls())
-        .timeout(DEADLINE)
-        .build()
-        .await
-        .unwrap();
-    let rules = Rules::builder()
-        .route("^/", [Rule::new().minute(2)])
-        .build()
-        .unwrap();
-    let app = App::on_store_clock(rules, store, |l| l.denial_cache(0).fail_mode(mode));
+    let app = app_on(RedisStore::builder().cluster(cluster.urls()), mode).await;
     assert_eq!(app.get("/x", "victim").await.status, StatusCode::OK);
     // Find the slot of the user's key, and the master that serves it.
     let key = cluster

@@ -84,6 +84,24 @@ mod on_cluster_pool {
     crate::conformance_suite!(crate::cluster_pool());
 }
 
+/// Sends requests for `user` until one is limited (Redis answers again, with
+/// the request allowed); returns how long that took, failing past `within`.
+async fn until_limited(app: &App, user: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let reply = app.get("/a", user).await;
+        if reply.limited() {
+            assert_eq!(reply.status, StatusCode::OK);
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "limiting did not resume within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
@@ -311,23 +329,10 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
         // Restarted: limiting resumes by itself (the budget is gone with
         // the data, so the first request is allowed again).
         server.restart();
-        let resumed = Instant::now();
-        loop {
-            let reply = app.get("/a", "v").await;
-            if reply.limited() {
-                assert_eq!(reply.status, StatusCode::OK);
-                break;
-            }
-            assert!(
-                resumed.elapsed() < Duration::from_secs(3),
-                "limiting did not resume"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let resumed = until_limited(&app, "v", Duration::from_secs(3)).await;
         assert!(
-            resumed.elapsed() < Duration::from_millis(1500),
-            "resumed after {:?}",
-            resumed.elapsed()
+            resumed < Duration::from_millis(1500),
+            "resumed after {resumed:?}"
         );
         assert_eq!(
             app.get("/a", "v").await.status,
@@ -363,18 +368,7 @@ async fn paused_redis_cannot_stall_requests() {
     }
     assert!(started.elapsed() < Duration::from_millis(1500));
     // Once the pause ends, limiting resumes.
-    let resumed = Instant::now();
-    loop {
-        let reply = app.get("/a", "w").await;
-        if reply.limited() {
-            break;
-        }
-        assert!(
-            resumed.elapsed() < Duration::from_secs(4),
-            "limiting did not resume"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_limited(&app, "w", Duration::from_secs(4)).await;
     assert_eq!(
         app.get("/a", "w").await.status,
         StatusCode::TOO_MANY_REQUESTS
@@ -396,14 +390,7 @@ async fn unreachable_redis_at_start_up_is_not_fatal() {
     let app = App::new(one_route(Rule::new().second(1)), store);
     assert!(!app.get("/a", "u").await.limited());
     server.restart();
-    let started = Instant::now();
-    while !app.get("/a", "u").await.limited() {
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "never connected"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_limited(&app, "u", Duration::from_secs(3)).await;
 }
 
 #[tokio::test]
