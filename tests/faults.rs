@@ -323,11 +323,18 @@ async fn failover(mode: FailMode) {
     // Whatever the layer answers while the cluster client settles (a
     // request that timed out here may still have run on the new master, and
     // a fallback store counts on its own), Redis never allows past the
-    // limit: the budget holds its 2 entries.
+    // limit. (It may hold fewer: a failover can lose the newest writes.)
     for _ in 0..3 {
         app.get("/x", "victim").await;
     }
-    assert_eq!(cluster.nodes[replica].cli(&["zcard", &key]), "2");
+    let entries: u32 = cluster.nodes[replica]
+        .cli(&["zcard", &key])
+        .parse()
+        .unwrap();
+    assert!(
+        entries <= 2,
+        "the new master holds {entries} entries for a limit of 2"
+    );
 }
 
 matrix_failover! {
