@@ -17,7 +17,12 @@
 //! allowed (sliding log, token bucket) and denied; this crate on Redis, one
 //! per algorithm (3 windows, 1,000 users by header); and the ceiling: a
 //! hand-written axum middleware doing one EVALSHA of the same sliding-log
-//! script per request over one multiplexed connection.
+//! script per request over one multiplexed connection. With a Python that
+//! has `benches/peers/requirements.txt` installed (`PYTHON`, else
+//! `.venv-bench/bin/python`, else `python3`), the Python peers too:
+//! asgi-ratelimit and async-ratelimit on the same Redis under
+//! uvicorn + uvloop, pinned like the Rust servers; without one they are
+//! skipped with a note.
 #![allow(missing_docs)]
 
 mod support;
@@ -38,8 +43,8 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use tokio::net::TcpStream;
 use tower_ratelimit::identity::{Identity, IdentityError};
-use tower_ratelimit::store::redis::{RedisStore, SLIDING_LOG_LUA};
-use tower_ratelimit::{Algorithm, MemoryStore, RateLimitLayer, Rule, Rules};
+use tower_ratelimit::store::redis::{script_args, RedisStore, SLIDING_LOG_LUA};
+use tower_ratelimit::{Algorithm, Check, MemoryStore, RateLimitLayer, Rule, Rules, Window};
 
 const SCENARIOS: &[&str] = &[
     "bare",
@@ -53,7 +58,12 @@ const SCENARIOS: &[&str] = &[
     "redis-fixed-window",
     "redis-token-bucket",
     "ceiling",
+    "asgi-ratelimit",
+    "async-ratelimit",
 ];
+
+/// Scenarios served by `benches/peers/asgi_peers.py` under uvicorn.
+const PYTHON_SCENARIOS: &[&str] = &["asgi-ratelimit", "async-ratelimit"];
 
 const USERS: usize = 1000;
 
@@ -85,6 +95,8 @@ fn by_header(head: &http::request::Parts) -> std::future::Ready<Result<Identity,
 struct Ceiling {
     conn: redis::aio::MultiplexedConnection,
     script: redis::Script,
+    /// The script's packed numbers: TIME, cost 1, no block, the 3 windows.
+    args: Vec<u8>,
 }
 
 /// One EVALSHA per request, written by hand: what the store must approach.
@@ -97,12 +109,8 @@ async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) ->
         .to_owned();
     let mut inv = c.script.prepare_invoke();
     inv.key(format!("ceil:{{r:{user}}}:l"))
-        .key(format!("ceil:{{r:{user}}}:b"));
-    inv.arg("").arg(1).arg(0).arg(3);
-    for secs in [1u64, 60, 3600] {
-        inv.arg(secs * 1_000_000).arg(1_000_000_000);
-    }
-    inv.arg(0);
+        .key(format!("ceil:{{r:{user}}}:b"))
+        .arg(&c.args[..]);
     let mut conn = c.conn.clone();
     match inv.invoke_async::<Vec<i64>>(&mut conn).await {
         Ok(reply) if reply.first() == Some(&1) => next.run(request).await,
@@ -170,6 +178,12 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             let state = Arc::new(Ceiling {
                 conn: client.get_multiplexed_async_connection().await.unwrap(),
                 script: redis::Script::new(SLIDING_LOG_LUA),
+                args: script_args(&Check::new(
+                    "-",
+                    [1, 60, 3600]
+                        .map(|s| Window::new(Duration::from_secs(s), 1_000_000_000).unwrap())
+                        .to_vec(),
+                )),
             });
             app.layer(axum::middleware::from_fn_with_state(state, ceiling))
         }
@@ -392,6 +406,29 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     assert_eq!(early, 0, "denied while the window had room");
 }
 
+/// A Python interpreter that can run the Python peers, if there is one.
+fn python() -> Option<String> {
+    let candidates = std::env::var("PYTHON")
+        .ok()
+        .into_iter()
+        .chain([".venv-bench/bin/python".to_owned(), "python3".to_owned()]);
+    for candidate in candidates {
+        let ok = Command::new(&candidate)
+            .args([
+                "-c",
+                "import uvicorn, uvloop, ratelimit, rate_limiter, starlette",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(candidate);
+        }
+    }
+    None
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -416,10 +453,18 @@ fn redis_stats(server: &redis_server::RedisServer) -> (f64, f64) {
     let usec = support::commandstat(&info, "evalsha", "usec_per_call");
     // Commands the clients sent: EVALSHA plus anything a client sends
     // outside scripts (PING, UNWATCH, SCRIPT LOAD...).
-    let client_calls: f64 = ["evalsha", "ping", "unwatch", "script|load", "eval"]
-        .iter()
-        .map(|command| support::commandstat(&info, command, "calls"))
-        .sum();
+    let client_calls: f64 = [
+        "evalsha",
+        "ping",
+        "unwatch",
+        "script|load",
+        "eval",
+        "ttl",
+        "client|setinfo",
+    ]
+    .iter()
+    .map(|command| support::commandstat(&info, command, "calls"))
+    .sum();
     (usec, client_calls)
 }
 
@@ -451,6 +496,8 @@ fn svg(rows: &[(String, f64)]) -> String {
         let width = (rps / max * 440.0).max(1.0);
         let color = if name.starts_with("redis") || name == "ceiling" {
             "#c0392b"
+        } else if PYTHON_SCENARIOS.contains(&name.as_str()) {
+            "#e67e22"
         } else if name.starts_with("memory") {
             "#2980b9"
         } else {
@@ -516,10 +563,18 @@ fn main() {
     let only: Option<Vec<String>> = std::env::var("ONLY")
         .ok()
         .map(|s| s.split(',').map(str::to_owned).collect());
+    let python = python();
+    if python.is_none() {
+        eprintln!(
+            "note: no Python with benches/peers/requirements.txt; skipping {PYTHON_SCENARIOS:?} \
+             (python3 -m venv .venv-bench && .venv-bench/bin/pip install -r benches/peers/requirements.txt)"
+        );
+    }
     let scenarios: Vec<&str> = SCENARIOS
         .iter()
         .copied()
         .filter(|s| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s)))
+        .filter(|s| python.is_some() || !PYTHON_SCENARIOS.contains(s))
         .collect();
 
     pin(std::process::id(), "1");
@@ -531,10 +586,18 @@ fn main() {
     let mut servers: Vec<(&str, u16, Child)> = Vec::new();
     for &scenario in &scenarios {
         let port = free_port();
-        let child = Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(&exe)
-            .args(["--serve", scenario, &port.to_string(), &redis.url()])
+        let mut command = Command::new("taskset");
+        command.args(["-c", "0"]);
+        match &python {
+            Some(python) if PYTHON_SCENARIOS.contains(&scenario) => {
+                command.arg(python).arg("benches/peers/asgi_peers.py");
+            }
+            _ => {
+                command.arg(&exe).arg("--serve");
+            }
+        }
+        let child = command
+            .args([scenario, &port.to_string(), &redis.url()])
             .stdout(Stdio::null())
             .spawn()
             .expect("taskset");
@@ -613,7 +676,10 @@ fn main() {
         let rps = med(i, &|s| s.rps);
         let ratio =
             |base: Option<f64>| base.map_or("—".to_owned(), |b| format!("{:.2}", rps / b));
-        let redis_cols = if scenario.starts_with("redis") || *scenario == "ceiling" {
+        let redis_cols = if scenario.starts_with("redis")
+            || *scenario == "ceiling"
+            || PYTHON_SCENARIOS.contains(scenario)
+        {
             (
                 format!("{:.1}", med(i, &|s| s.redis_us_per_call)),
                 format!("{:.2}", med(i, &|s| s.redis_calls_per_request)),
@@ -641,6 +707,30 @@ fn main() {
         ));
         bars.push((scenario.to_string(), rps));
     }
+    // The issue's targets, as ratios of medians from this run.
+    let rps = |name: &str| index(name).map(|i| med(i, &|s| s.rps));
+    let mut targets = String::from("\n| ratio (this run) | value | target |\n|---|---|---|\n");
+    let pairs: &[(&str, &str, &str)] = &[
+        ("memory-allowed", "governor-allowed", "≥ 1.00"),
+        ("memory-allowed-gcra", "governor-allowed", "≥ 1.00"),
+        ("memory-denied", "governor-denied", "≥ 1.00"),
+        ("memory-denied", "memory-allowed", "≥ 0.80"),
+        ("redis-sliding-log", "ceiling", "≥ 0.95"),
+        ("redis-sliding-window", "ceiling", "≥ 0.95"),
+        ("redis-fixed-window", "ceiling", "≥ 0.95"),
+        ("redis-token-bucket", "ceiling", "≥ 0.95"),
+        ("redis-sliding-log", "asgi-ratelimit", "≥ 10"),
+        ("redis-sliding-log", "async-ratelimit", "≥ 10"),
+    ];
+    for (ours, theirs, target) in pairs {
+        if let (Some(a), Some(b)) = (rps(ours), rps(theirs)) {
+            targets.push_str(&format!(
+                "| {ours} / {theirs} | {:.2} | {target} |\n",
+                a / b
+            ));
+        }
+    }
+    table.push_str(&targets);
     let header = format!(
         "{passes} interleaved passes of {seconds} s per scenario, {connections} connections, medians; server pinned to core 0, load generator and redis-server to core 1.\n\n"
     );

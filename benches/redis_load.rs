@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tower_ratelimit::store::redis::{RedisStore, SLIDING_LOG_LUA};
+use tower_ratelimit::store::redis::{script_args, RedisStore, SLIDING_LOG_LUA};
 use tower_ratelimit::{Check, Store, Window};
 
 const WORKERS: usize = 50;
@@ -98,16 +98,11 @@ async fn sliding_log(
     user: usize,
     windows: &[Window],
 ) -> i64 {
-    // The store's argument layout (scripts/prelude.lua): state and block
-    // keys; now (empty: TIME), cost, block time, the windows, no route-wide
-    // windows.
+    // The store's layout (scripts/prelude.lua): state and block keys, then
+    // the packed numbers (TIME, cost 1, no block, the windows).
+    let args = script_args(&Check::new("-", windows.to_vec()));
     let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
-    inv.key(format!("{prefix}:{{u{user}}}:b"));
-    inv.arg("").arg(1).arg(0).arg(windows.len());
-    for w in windows {
-        inv.arg(w.micros()).arg(w.limit());
-    }
-    inv.arg(0);
+    inv.key(format!("{prefix}:{{u{user}}}:b")).arg(args);
     let r: Vec<i64> = inv.invoke_async(conn).await.unwrap();
     r[0]
 }

@@ -1,16 +1,9 @@
-
 -- The decision over the user's budget and the route's, with blocks.
 
-local function reply(allowed, retry, reset, blocked, remaining)
-  local out = { allowed, retry, reset, blocked }
-  for i = 1, #remaining do out[4 + i] = remaining[i] end
-  return out
-end
-
 local function blocked_reply(wait)
-  local zeros = {}
-  for i = 1, #UD + #GD do zeros[i] = 0 end
-  return reply(0, wait, wait, 1, zeros)
+  local out = { 0, wait, wait, 1 }
+  for i = 1, UN + GN do out[4 + i] = 0 end
+  return out
 end
 
 if block > 0 then
@@ -20,38 +13,45 @@ if block > 0 then
   end
 end
 
-local user = evaluate(KEYS[1], UD, UL)
-local route = nil
-if #GD > 0 then route = evaluate(KEYS[3], GD, GL) end
+local US, GS = {}, nil
+local user_ok, retry = evaluate(KEYS[1], UB, UN, US)
+local route_ok = true
+if GN > 0 then
+  GS = {}
+  local route_retry
+  route_ok, route_retry = evaluate(KEYS[3], GB, GN, GS)
+  if route_retry > retry then retry = route_retry end
+end
 
-local allowed = user.allowed and (route == nil or route.allowed)
-local retry = user.retry
-if route and route.retry > retry then retry = route.retry end
-if allowed then
-  user.commit()
-  if route then route.commit() end
-elseif block > 0 and not user.allowed then
+local allowed = 0
+if user_ok and route_ok then
+  allowed = 1
+  commit(KEYS[1], UB, UN, US)
+  if GS then commit(KEYS[3], GB, GN, GS) end
+elseif block > 0 and not user_ok then
   -- The user exceeded their own limits: block them, atomically.
-  redis.call('SET', KEYS[2], fmt(now + block), 'PX', math.max(math.ceil(block / 1000), 1))
+  redis.call('SET', KEYS[2], fmt('%d', now + block), 'PX', math.max(math.ceil(block / 1000), 1))
   return blocked_reply(math.max(block, retry))
 end
 
-local remaining = user.remaining()
-local best = constraining(remaining)
-local reset
-if route then
-  local shared = route.remaining()
-  local shared_best = constraining(shared)
-  if shared[shared_best] < remaining[best] then
-    reset = route.reset(shared_best)
-  else
-    reset = user.reset(best)
-  end
-  local n = #remaining
-  for i = 1, #shared do remaining[n + i] = shared[i] end
-else
-  reset = user.reset(best)
+-- Remaining per window, and the constraining window (fewest remaining;
+-- ties go to the user's budget, then to the shorter window).
+local out = { allowed, retry, 0, 0 }
+local best, least = 0, 0
+for i = 1, UN do
+  local r = remaining(UB, UN, US, i)
+  out[4 + i] = r
+  if best == 0 or r < least then best, least = i, r end
 end
-local allowed_flag = 0
-if allowed then allowed_flag = 1 end
-return reply(allowed_flag, retry, reset, 0, remaining)
+local route_best, route_least = 0, 0
+for i = 1, GN do
+  local r = remaining(GB, GN, GS, i)
+  out[4 + UN + i] = r
+  if route_best == 0 or r < route_least then route_best, route_least = i, r end
+end
+if route_best > 0 and (best == 0 or route_least < least) then
+  out[3] = reset(KEYS[3], GB, GN, GS, route_best)
+elseif best > 0 then
+  out[3] = reset(KEYS[1], UB, UN, US, best)
+end
+return out

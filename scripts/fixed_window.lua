@@ -2,56 +2,55 @@
 -- [k*d, (k+1)*d). A budget is a hash with, per window length d, the fields
 -- '<d>k' (the window number) and '<d>c' (its count). An allowed request
 -- costs HMGET, HSET and PEXPIRE; a denied one HMGET.
+--
+-- S[i] is the count of window i, S[N + i] its window number, and
+-- S[2N + 1 .. 4N] the hash fields.
 
-local function evaluate(key, D, L)
-  local n = #D
-  local fields = {}
-  for i = 1, n do
-    fields[2 * i - 1] = fmt(D[i]) .. 'k'
-    fields[2 * i] = fmt(D[i]) .. 'c'
+local function evaluate(key, B, N, S)
+  for i = 1, N do
+    local d = fmt('%d', V[B + 2 * i - 1])
+    S[2 * N + 2 * i - 1] = d .. 'k'
+    S[2 * N + 2 * i] = d .. 'c'
   end
-  local stored = redis.call('HMGET', key, unpack(fields))
-  local K, C = {}, {}
-  local budget = { allowed = true, retry = 0 }
-  for i = 1, n do
-    local d = D[i]
+  local stored = redis.call('HMGET', key, unpack(S, 2 * N + 1, 4 * N))
+  local allowed, retry = true, 0
+  for i = 1, N do
+    local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
     local k = idiv(now, d)
-    K[i] = k
-    C[i] = 0
-    if tonumber(stored[2 * i - 1]) == k then C[i] = tonumber(stored[2 * i]) end
-    if C[i] + cost > L[i] then
-      budget.allowed = false
+    local count = 0
+    if tonumber(stored[2 * i - 1]) == k then count = tonumber(stored[2 * i]) end
+    S[i], S[N + i] = count, k
+    if count + cost > limit then
+      allowed = false
       -- The next window starts empty; a cost above the limit never fits.
       local wait = (k + 1) * d - now
-      if cost > L[i] then wait = d end
-      if wait > budget.retry then budget.retry = wait end
+      if cost > limit then wait = d end
+      if wait > retry then retry = wait end
     end
   end
+  return allowed, retry
+end
 
-  function budget.commit()
-    local args = {}
-    local expires = now
-    for i = 1, n do
-      C[i] = C[i] + cost
-      args[#args + 1] = fields[2 * i - 1]
-      args[#args + 1] = fmt(K[i])
-      args[#args + 1] = fields[2 * i]
-      args[#args + 1] = fmt(C[i])
-      expires = math.max(expires, (K[i] + 1) * D[i])
-    end
-    redis.call('HSET', key, unpack(args))
-    expire_at(key, expires)
+local function commit(key, B, N, S)
+  local args = {}
+  local expires = now
+  for i = 1, N do
+    local k = S[N + i]
+    S[i] = S[i] + cost
+    args[4 * i - 3] = S[2 * N + 2 * i - 1]
+    args[4 * i - 2] = fmt('%d', k)
+    args[4 * i - 1] = S[2 * N + 2 * i]
+    args[4 * i] = fmt('%d', S[i])
+    expires = math.max(expires, (k + 1) * V[B + 2 * i - 1])
   end
+  redis.call('HSET', key, unpack(args))
+  expire_at(key, expires)
+end
 
-  function budget.remaining()
-    local r = {}
-    for i = 1, n do r[i] = math.max(L[i] - C[i], 0) end
-    return r
-  end
+local function remaining(B, N, S, i)
+  return math.max(V[B + 2 * i] - S[i], 0)
+end
 
-  function budget.reset(i)
-    return (K[i] + 1) * D[i] - now
-  end
-
-  return budget
+local function reset(key, B, N, S, i)
+  return (S[N + i] + 1) * V[B + 2 * i - 1] - now
 end

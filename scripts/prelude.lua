@@ -4,11 +4,14 @@
 -- KEYS[1]  the user's budget state
 -- KEYS[2]  the user's block marker (read and written only with a block time)
 -- KEYS[3]  the route-wide budget state (only with route-wide windows)
--- ARGV[1]  now, in microseconds; empty to use the server's clock (TIME)
--- ARGV[2]  cost of the request
--- ARGV[3]  block time in microseconds, 0 for none
--- ARGV[4]  number of user windows, then (length us, limit) pairs, shortest first
--- then     number of route-wide windows, then their pairs
+-- ARGV[1]  the numbers of the check, packed as little-endian signed 64-bit
+--          integers (struct 'i8', no text to parse):
+--            now in microseconds (negative: use the server's clock, TIME),
+--            cost of the request,
+--            block time in microseconds (0 for none),
+--            number of user windows, then (length us, limit) pairs,
+--              shortest first,
+--            number of route-wide windows, then their pairs.
 --
 -- Reply: { allowed (0/1), retry_after_us, reset_us, blocked (0/1),
 -- remaining of every user window, then of every route-wide window }, where
@@ -19,30 +22,28 @@
 -- All arithmetic stays on integers below 2^53 (exact in Lua's doubles), and
 -- numbers are written with %d: Lua's default formatting keeps 14 digits and
 -- timestamps have 16. The Rust memory store computes the same functions.
+--
+-- Redis runs this whole chunk on every call, so it is written to allocate
+-- and convert little: the numbers are unpacked once into V; a budget is a
+-- base index B into V and a window count N (window i has length
+-- V[B + 2i - 1] and limit V[B + 2i]); its per-window state lives in one
+-- table S; numbers go to redis.call as strings formatted with %d (Redis
+-- would print a Lua number with %.14g); now is formatted once, as NOW.
 
-local now = tonumber(ARGV[1])
-if not now then
+local fmt = string.format
+local packed = ARGV[1]
+local V = { struct.unpack('<' .. string.rep('i8', #packed / 8), packed) }
+local now = V[1]
+if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2] -- coerced once each (tonumber converts twice)
 end
-local cost = tonumber(ARGV[2])
-local block = tonumber(ARGV[3])
-
-local function read_windows(at)
-  local count = tonumber(ARGV[at])
-  local D, L = {}, {}
-  for i = 1, count do
-    D[i] = tonumber(ARGV[at - 1 + 2 * i])
-    L[i] = tonumber(ARGV[at + 2 * i])
-  end
-  return D, L, at + 1 + 2 * count
-end
-local UD, UL, next_at = read_windows(4)
-local GD, GL = read_windows(next_at)
-
-local function fmt(x)
-  return string.format('%d', x)
-end
+local NOW = fmt('%d', now)
+local cost = V[2]
+local block = V[3]
+local UB, UN = 4, V[4]
+local GB = UB + 2 * UN + 1
+local GN = V[GB]
 
 -- floor(a / b) for non-negative integers, exact even where the double
 -- quotient rounds up to the next integer.
@@ -56,21 +57,15 @@ local function idiv(a, b)
   return q
 end
 
--- The window with the fewest remaining; ties go to the shorter one.
-local function constraining(remaining)
-  local best = 1
-  for i = 2, #remaining do
-    if remaining[i] < remaining[best] then best = i end
-  end
-  return best
-end
-
 -- Sets a key's TTL to end at `expires` (microseconds on the script's clock),
 -- at least one millisecond.
 local function expire_at(key, expires)
-  redis.call('PEXPIRE', key, math.max(math.ceil((expires - now) / 1000), 1))
+  redis.call('PEXPIRE', key, fmt('%d', math.max(math.ceil((expires - now) / 1000), 1)))
 end
 
--- Each algorithm defines evaluate(key, D, L), returning a budget with
--- .allowed, .retry (the longest wait among its denying windows), .commit()
--- (record the request), .remaining() and .reset(i) (after any commit).
+-- Each algorithm defines, for a budget (key, B, N) with its state table S:
+--   evaluate(key, B, N, S) -> allowed, retry (the longest wait among its
+--     denying windows), filling S;
+--   commit(key, B, N, S) records the request;
+--   remaining(B, N, S, i) and reset(key, B, N, S, i) for window i, read
+--     after any commit.

@@ -5,70 +5,72 @@
 -- both counted. An entry at t is in a window of length d while now < t + d.
 --
 -- An allowed request on 3 windows costs ZREMRANGEBYSCORE, ZCARD, 2 ZCOUNT,
--- ZADD, PEXPIRE and one ZRANGE (for the reset).
+-- ZADD, PEXPIRE and one ZRANGE (for the reset). S[i] is the count of window
+-- i, S[N + 1] the size of the set.
 
-local function evaluate(key, D, L)
-  local n = #D
-  local longest = D[n]
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest))
+-- The timestamp of the entry at `rank` (members are their own scores; the
+-- arithmetic converts the string once, tonumber would twice).
+local function entry_at(key, rank)
+  local r = fmt('%d', rank)
+  return redis.call('ZRANGE', key, r, r)[1] + 0
+end
+
+local function evaluate(key, B, N, S)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now - V[B + 2 * N - 1]))
   local total = redis.call('ZCARD', key)
-  local counts = {}
-  local budget = { allowed = true, retry = 0 }
-  for i = 1, n do
-    local d = D[i]
+  S[N + 1] = total
+  local allowed, retry = true, 0
+  for i = 1, N do
+    local d = V[B + 2 * i - 1]
     local count = total
-    if i < n and total > 0 then
-      count = redis.call('ZCOUNT', key, '(' .. fmt(now - d), '+inf')
+    if i < N and total > 0 then
+      count = redis.call('ZCOUNT', key, fmt('(%d', now - d), '+inf')
     end
-    counts[i] = count
-    local need = count + cost - L[i]
+    S[i] = count
+    local need = count + cost - V[B + 2 * i]
     if need > 0 then
-      budget.allowed = false
+      allowed = false
       local wait = d
       if need <= count then
         -- The need-th oldest entry of the window must leave it.
-        local rank = total - count + need - 1
-        local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-        wait = tonumber(e[2]) + d - now
+        wait = entry_at(key, total - count + need - 1) + d - now
       end
-      if wait > budget.retry then budget.retry = wait end
+      if wait > retry then retry = wait end
     end
   end
-  local size = total
+  return allowed, retry
+end
 
-  function budget.commit()
-    -- Try now .. now+cost-1 at once; members that exist are skipped (NX)
-    -- and the missing ones take the next free microseconds.
-    local added = 0
-    local t = now
-    while added < cost do
-      local args = { 'NX' }
-      local upto = math.min(t + (cost - added), t + 512)
-      while t < upto do
-        local s = fmt(t)
-        args[#args + 1] = s
-        args[#args + 1] = s
-        t = t + 1
-      end
-      added = added + redis.call('ZADD', key, unpack(args))
+local function commit(key, B, N, S)
+  -- Try now .. now+cost-1 at once; members that exist are skipped (NX)
+  -- and the missing ones take the next free microseconds.
+  local t = now
+  local added = 0
+  if cost == 1 then
+    added = redis.call('ZADD', key, 'NX', NOW, NOW)
+    t = t + 1
+  end
+  while added < cost do
+    local args = { 'NX' }
+    local upto = math.min(t + (cost - added), t + 512)
+    while t < upto do
+      local s = fmt('%d', t)
+      args[#args + 1] = s
+      args[#args + 1] = s
+      t = t + 1
     end
-    size = total + cost
-    for i = 1, n do counts[i] = counts[i] + cost end
-    expire_at(key, t - 1 + longest)
+    added = added + redis.call('ZADD', key, unpack(args))
   end
+  S[N + 1] = S[N + 1] + cost
+  for i = 1, N do S[i] = S[i] + cost end
+  expire_at(key, t - 1 + V[B + 2 * N - 1])
+end
 
-  function budget.remaining()
-    local r = {}
-    for i = 1, n do r[i] = math.max(L[i] - counts[i], 0) end
-    return r
-  end
+local function remaining(B, N, S, i)
+  return math.max(V[B + 2 * i] - S[i], 0)
+end
 
-  function budget.reset(i)
-    if counts[i] == 0 then return 0 end
-    local rank = size - counts[i]
-    local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-    return tonumber(e[2]) + D[i] - now
-  end
-
-  return budget
+local function reset(key, B, N, S, i)
+  if S[i] == 0 then return 0 end
+  return entry_at(key, S[N + 1] - S[i]) + V[B + 2 * i - 1] - now
 end

@@ -4,6 +4,10 @@
 -- this order, as in the Rust memory store). A budget is a hash with, per
 -- window length d, '<d>k' (window number), '<d>c' (its count) and '<d>p'
 -- (the previous window's count). An allowed request: HMGET, HSET, PEXPIRE.
+--
+-- S[i] is the current count of window i, S[N + i] the previous one,
+-- S[2N + i] the window number, S[3N + i] the time elapsed in it, and
+-- S[4N + 1 .. 7N] the hash fields.
 
 local function used(prev, cur, d, elapsed)
   return prev * (d - elapsed) / d + cur
@@ -19,79 +23,71 @@ local function wait_for(prev, cur, d, elapsed, limit, k)
   else
     p, c, base, offset = cur, 0, 0, d - elapsed
   end
-  local function fits(e)
-    return used(p, c, d, e) + k <= limit
-  end
-  if fits(base) then return offset end
+  if used(p, c, d, base) + k <= limit then return offset end
   local room = limit - c - k
   local e = math.ceil(d - room * d / p)
   if e < base then e = base end
   if e > d then e = d end
-  while e > base and fits(e - 1) do e = e - 1 end
-  while e < d and not fits(e) do e = e + 1 end
+  while e > base and used(p, c, d, e - 1) + k <= limit do e = e - 1 end
+  while e < d and used(p, c, d, e) + k > limit do e = e + 1 end
   return offset + e - base
 end
 
-local function evaluate(key, D, L)
-  local n = #D
-  local fields = {}
-  for i = 1, n do
-    local d = fmt(D[i])
-    fields[3 * i - 2] = d .. 'k'
-    fields[3 * i - 1] = d .. 'c'
-    fields[3 * i] = d .. 'p'
+local function evaluate(key, B, N, S)
+  for i = 1, N do
+    local d = fmt('%d', V[B + 2 * i - 1])
+    S[4 * N + 3 * i - 2] = d .. 'k'
+    S[4 * N + 3 * i - 1] = d .. 'c'
+    S[4 * N + 3 * i] = d .. 'p'
   end
-  local stored = redis.call('HMGET', key, unpack(fields))
-  local K, CUR, PREV, E = {}, {}, {}, {}
-  local budget = { allowed = true, retry = 0 }
-  for i = 1, n do
-    local d = D[i]
+  local stored = redis.call('HMGET', key, unpack(S, 4 * N + 1, 7 * N))
+  local allowed, retry = true, 0
+  for i = 1, N do
+    local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
     local k = idiv(now, d)
-    K[i] = k
-    E[i] = now - k * d
+    local elapsed = now - k * d
     local sk = tonumber(stored[3 * i - 2])
-    CUR[i], PREV[i] = 0, 0
+    local cur, prev = 0, 0
     if sk == k then
-      CUR[i], PREV[i] = tonumber(stored[3 * i - 1]), tonumber(stored[3 * i])
+      cur, prev = tonumber(stored[3 * i - 1]), tonumber(stored[3 * i])
     elseif sk == k - 1 then
-      PREV[i] = tonumber(stored[3 * i - 1])
+      prev = tonumber(stored[3 * i - 1])
     end
-    if used(PREV[i], CUR[i], d, E[i]) + cost > L[i] then
-      budget.allowed = false
-      local wait = wait_for(PREV[i], CUR[i], d, E[i], L[i], cost)
-      if wait > budget.retry then budget.retry = wait end
+    S[i], S[N + i], S[2 * N + i], S[3 * N + i] = cur, prev, k, elapsed
+    if used(prev, cur, d, elapsed) + cost > limit then
+      allowed = false
+      local wait = wait_for(prev, cur, d, elapsed, limit, cost)
+      if wait > retry then retry = wait end
     end
   end
-  local remaining = {}
+  return allowed, retry
+end
 
-  function budget.commit()
-    local args = {}
-    local expires = now
-    for i = 1, n do
-      CUR[i] = CUR[i] + cost
-      args[#args + 1] = fields[3 * i - 2]
-      args[#args + 1] = fmt(K[i])
-      args[#args + 1] = fields[3 * i - 1]
-      args[#args + 1] = fmt(CUR[i])
-      args[#args + 1] = fields[3 * i]
-      args[#args + 1] = fmt(PREV[i])
-      -- The current count still weighs in during the next window.
-      expires = math.max(expires, (K[i] + 2) * D[i])
-    end
-    redis.call('HSET', key, unpack(args))
-    expire_at(key, expires)
+local function commit(key, B, N, S)
+  local args = {}
+  local expires = now
+  for i = 1, N do
+    local k = S[2 * N + i]
+    S[i] = S[i] + cost
+    args[6 * i - 5] = S[4 * N + 3 * i - 2]
+    args[6 * i - 4] = fmt('%d', k)
+    args[6 * i - 3] = S[4 * N + 3 * i - 1]
+    args[6 * i - 2] = fmt('%d', S[i])
+    args[6 * i - 1] = S[4 * N + 3 * i]
+    args[6 * i] = fmt('%d', S[N + i])
+    -- The current count still weighs in during the next window.
+    expires = math.max(expires, (k + 2) * V[B + 2 * i - 1])
   end
+  redis.call('HSET', key, unpack(args))
+  expire_at(key, expires)
+end
 
-  function budget.remaining()
-    for i = 1, n do
-      remaining[i] = math.floor(math.max(L[i] - used(PREV[i], CUR[i], D[i], E[i]), 0))
-    end
-    return remaining
-  end
+local function remaining(B, N, S, i)
+  local u = used(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i])
+  return math.floor(math.max(V[B + 2 * i] - u, 0))
+end
 
-  function budget.reset(i)
-    return wait_for(PREV[i], CUR[i], D[i], E[i], L[i], remaining[i] + 1)
-  end
-
-  return budget
+local function reset(key, B, N, S, i)
+  return wait_for(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i], V[B + 2 * i],
+    remaining(B, N, S, i) + 1)
 end

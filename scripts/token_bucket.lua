@@ -3,55 +3,52 @@
 -- window length w, the field '<w>t': the theoretical arrival time (TAT). A
 -- request of cost c is allowed when max(TAT, now) + c*t - now <= n*t. An
 -- allowed request: HMGET, HSET, PEXPIRE.
+--
+-- S[i] is the TAT of window i, S[N + i] its t, S[2N + i] its hash field.
 
-local function evaluate(key, D, L)
-  local n = #D
-  local fields = {}
-  for i = 1, n do fields[i] = fmt(D[i]) .. 't' end
-  local stored = redis.call('HMGET', key, unpack(fields))
-  local T, TAT = {}, {}
-  local budget = { allowed = true, retry = 0 }
-  for i = 1, n do
-    local size = L[i]
-    local t = idiv(D[i], size)
-    if t * size < D[i] then t = t + 1 end
+local function evaluate(key, B, N, S)
+  for i = 1, N do S[2 * N + i] = fmt('%d', V[B + 2 * i - 1]) .. 't' end
+  local stored = redis.call('HMGET', key, unpack(S, 2 * N + 1, 3 * N))
+  local allowed, retry = true, 0
+  for i = 1, N do
+    local d, size = V[B + 2 * i - 1], V[B + 2 * i]
+    local t = idiv(d, size)
+    if t * size < d then t = t + 1 end
     if t < 1 then t = 1 end
-    T[i] = t
-    TAT[i] = math.max(tonumber(stored[i]) or 0, now)
-    local nxt = TAT[i] + cost * t
+    local tat = math.max(tonumber(stored[i]) or 0, now)
+    S[i], S[N + i] = tat, t
+    local nxt = tat + cost * t
     if nxt - now > size * t then
-      budget.allowed = false
+      allowed = false
       local wait = nxt - now - size * t
       if cost > size then wait = size * t end
-      if wait > budget.retry then budget.retry = wait end
+      if wait > retry then retry = wait end
     end
   end
-  local remaining = {}
+  return allowed, retry
+end
 
-  function budget.commit()
-    local args = {}
-    local expires = now
-    for i = 1, n do
-      TAT[i] = TAT[i] + cost * T[i]
-      args[#args + 1] = fields[i]
-      args[#args + 1] = fmt(TAT[i])
-      expires = math.max(expires, TAT[i])
-    end
-    redis.call('HSET', key, unpack(args))
-    expire_at(key, expires)
+local function commit(key, B, N, S)
+  local args = {}
+  local expires = now
+  for i = 1, N do
+    S[i] = S[i] + cost * S[N + i]
+    args[2 * i - 1] = S[2 * N + i]
+    args[2 * i] = fmt('%d', S[i])
+    expires = math.max(expires, S[i])
   end
+  redis.call('HSET', key, unpack(args))
+  expire_at(key, expires)
+end
 
-  function budget.remaining()
-    for i = 1, n do
-      remaining[i] = idiv(math.max(L[i] * T[i] - (TAT[i] - now), 0), T[i])
-    end
-    return remaining
-  end
+local function remaining(B, N, S, i)
+  local t = S[N + i]
+  return idiv(math.max(V[B + 2 * i] * t - (S[i] - now), 0), t)
+end
 
-  function budget.reset(i)
-    if remaining[i] >= L[i] then return 0 end
-    return math.max(TAT[i] - now - (L[i] - remaining[i] - 1) * T[i], 0)
-  end
-
-  return budget
+local function reset(key, B, N, S, i)
+  local size = V[B + 2 * i]
+  local left = remaining(B, N, S, i)
+  if left >= size then return 0 end
+  return math.max(S[i] - now - (size - left - 1) * S[N + i], 0)
 end

@@ -411,19 +411,7 @@ impl RedisStore {
         if check.global.is_some() {
             invocation.key(global);
         }
-        match check.now {
-            Some(now) => invocation.arg(now.as_micros()),
-            None => invocation.arg(""),
-        };
-        let block_us = check.block.map_or(0, crate::clock::duration_micros);
-        invocation.arg(check.cost).arg(block_us);
-        let global_windows = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
-        for windows in [&check.windows[..], global_windows] {
-            invocation.arg(windows.len());
-            for w in windows {
-                invocation.arg(w.micros()).arg(w.limit());
-            }
-        }
+        invocation.arg(script_args(&check));
         let call = async {
             match &inner.backend {
                 Backend::Direct(lazy) => lazy.invoke(&invocation).await,
@@ -445,6 +433,53 @@ impl RedisStore {
         };
         decode(&check, &reply)
     }
+}
+
+/// The one argument of a check's script call (`ARGV[1]`, see
+/// `scripts/prelude.lua`): its numbers packed as little-endian signed 64-bit
+/// integers, which the script unpacks with `struct` instead of parsing text
+/// (parsing a dozen decimal strings was a sixth of the script's CPU).
+///
+/// In order: now in microseconds (`-1`: the server's `TIME`), cost, block
+/// time in microseconds (`0`: none), the user's window count and its
+/// (length in microseconds, limit) pairs, the route-wide window count and
+/// its pairs.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::store::{redis::script_args, Check};
+/// use tower_ratelimit::Window;
+///
+/// let window = Window::new(Duration::from_secs(1), 10)?;
+/// let args = script_args(&Check::new("api:alice", vec![window]));
+/// let numbers: Vec<i64> = args
+///     .chunks(8)
+///     .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+///     .collect();
+/// assert_eq!(numbers, [-1, 1, 0, 1, 1_000_000, 10, 0]);
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+pub fn script_args(check: &Check) -> Vec<u8> {
+    let global_windows = check.global.as_ref().map_or(&[][..], |g| &g.windows[..]);
+    let mut out = Vec::with_capacity(8 * (5 + 2 * (check.windows.len() + global_windows.len())));
+    let mut push = |n: i64| out.extend_from_slice(&n.to_le_bytes());
+    push(check.now.map_or(-1, |now| saturating_i64(now.as_micros())));
+    push(i64::from(check.cost));
+    push(saturating_i64(
+        check.block.map_or(0, crate::clock::duration_micros),
+    ));
+    for windows in [&check.windows[..], global_windows] {
+        push(saturating_i64(windows.len() as u64));
+        for w in windows {
+            push(saturating_i64(w.micros()));
+            push(i64::from(w.limit()));
+        }
+    }
+    out
+}
+
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Runs the script on a connection checked out of a pool.
