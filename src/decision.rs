@@ -93,7 +93,7 @@ impl RateHeaders {
         let x = matches!(mode, HeaderMode::X | HeaderMode::Both).then(|| {
             let limit = policy.limits.get(index).cloned();
             [
-                limit.unwrap_or_else(|| number(u64::from(w.window.limit()))),
+                limit.unwrap_or_else(|| number(u64::from(w.window().limit()))),
                 number(u64::from(w.remaining)),
                 number(reset),
             ]
@@ -146,7 +146,7 @@ fn ietf_ratelimit(decision: &Decision, policy: &Policy, reset: u64) -> Option<He
         let _ = write!(
             out,
             "\"{}\";r={}",
-            ietf_name(&w.window, i, user_windows),
+            ietf_name(&w.window(), i, user_windows),
             w.remaining
         );
         if constraining == Some(i) {

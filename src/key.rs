@@ -49,13 +49,24 @@ pub(crate) fn push_encoded(out: &mut impl Write, bytes: &[u8]) {
         }
         return;
     }
-    for &b in bytes {
-        if unreserved(b) {
-            let _ = out.write_char(char::from(b));
-        } else {
+    // Runs of unreserved bytes (all of a typical identity) go in one write.
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let run = rest
+            .iter()
+            .position(|&b| !unreserved(b))
+            .unwrap_or(rest.len());
+        let (plain, tail) = rest.split_at(run);
+        if let Ok(plain) = std::str::from_utf8(plain) {
+            let _ = out.write_str(plain);
+        }
+        if let Some((&b, tail)) = tail.split_first() {
             let _ = out.write_char('%');
             let _ = out.write_char(char::from(HEX[usize::from(b >> 4)]));
             let _ = out.write_char(char::from(HEX[usize::from(b & 0xf)]));
+            rest = tail;
+        } else {
+            rest = tail;
         }
     }
 }

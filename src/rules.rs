@@ -99,6 +99,17 @@ impl Window {
     pub fn limit(&self) -> u32 {
         self.limit.get()
     }
+
+    pub(crate) fn limit_nonzero(&self) -> NonZeroU32 {
+        self.limit
+    }
+
+    /// A window from parts already validated (a [`WindowState`]'s).
+    ///
+    /// [`WindowState`]: crate::store::WindowState
+    pub(crate) fn from_parts(micros: u64, limit: NonZeroU32) -> Self {
+        Self { micros, limit }
+    }
 }
 
 /// How a rule counts requests.
@@ -439,6 +450,9 @@ pub struct Rules {
 struct RulesInner {
     /// Every route pattern, matched in one pass.
     set: regex_automata::meta::Regex,
+    /// When every pattern is `^` and a literal (`^/api/`, the common
+    /// shape), the literals: matching is then a prefix test per route.
+    prefixes: Option<Box<[Box<str>]>>,
     routes: Box<[CompiledRoute]>,
     exclude_paths: Option<RegexSet>,
     exclude_methods: Box<[Method]>,
@@ -513,6 +527,20 @@ impl Rules {
         thread_local! {
             static HITS: std::cell::RefCell<PatternSet> =
                 std::cell::RefCell::new(PatternSet::new(0));
+        }
+        if let Some(prefixes) = &inner.prefixes {
+            let mut hits = prefixes
+                .iter()
+                .enumerate()
+                .filter(|(_, prefix)| path.starts_with(&***prefix))
+                .map(|(i, _)| i)
+                .peekable();
+            hits.peek()?;
+            return Some(if n <= 64 {
+                Candidates::Mask(hits.fold(0u64, |m, i| m | (1u64 << i)))
+            } else {
+                Candidates::Many(hits.filter_map(|i| u32::try_from(i).ok()).collect())
+            });
         }
         HITS.with(|hits| {
             let mut hits = hits.borrow_mut();
@@ -742,9 +770,15 @@ impl RulesBuilder {
                 )
             })?);
         }
+        let prefixes = self
+            .routes
+            .iter()
+            .map(|r| literal_prefix(&r.pattern).map(Box::from))
+            .collect::<Option<Box<[Box<str>]>>>();
         Ok(Rules {
             inner: Arc::new(RulesInner {
                 set,
+                prefixes,
                 routes: routes.into_boxed_slice(),
                 exclude_paths,
                 exclude_methods: exclude_methods.into_boxed_slice(),
@@ -753,6 +787,14 @@ impl RulesBuilder {
             }),
         })
     }
+}
+
+/// The literal of a pattern that is `^` followed by plain characters only
+/// (no regex syntax at all), which matches exactly the paths starting with it.
+fn literal_prefix(pattern: &str) -> Option<&str> {
+    let literal = pattern.strip_prefix('^')?;
+    let plain = |c: char| !c.is_whitespace() && !"\\.+*?()|[]{}^$#".contains(c);
+    literal.chars().all(plain).then_some(literal)
 }
 
 /// What a rule's policy takes from its route.
@@ -1054,5 +1096,53 @@ impl RawRule {
         };
         limits.add_to(&mut rule);
         rule
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matched(rules: &Rules, path: &str) -> Vec<usize> {
+        match rules.candidates(&Method::GET, path) {
+            None => Vec::new(),
+            Some(Candidates::Mask(m)) => (0..64).filter(|i| m & (1 << i) != 0).collect(),
+            Some(Candidates::Many(v)) => v.into_iter().map(|i| i as usize).collect(),
+        }
+    }
+
+    #[test]
+    fn literal_prefixes_are_recognised_and_nothing_else() {
+        assert_eq!(literal_prefix("^/api/v1"), Some("/api/v1"));
+        assert_eq!(literal_prefix("^/"), Some("/"));
+        for pattern in [
+            "/api", "^/api$", "^/a.i", "^/(a|b)", "^/a\\d", "^/a b", "^/[a]",
+        ] {
+            assert_eq!(literal_prefix(pattern), None, "{pattern}");
+        }
+    }
+
+    #[test]
+    fn prefix_matching_agrees_with_the_regexes() {
+        let literal = ["^/api/v1", "^/api", "^/static", "^/"];
+        let mixed = ["^/api/v1", "^/api", "^/static", "^/.*"];
+        let paths = ["/", "/api", "/api/v1/x", "/apix", "/static/a", "/x/api", ""];
+        for patterns in [&literal[..], &mixed[..]] {
+            let mut builder = Rules::builder();
+            for p in patterns {
+                builder = builder.route(*p, [Rule::new().second(1)]);
+            }
+            let rules = builder.build().unwrap();
+            assert_eq!(rules.inner.prefixes.is_some(), patterns == &literal[..]);
+            for path in paths {
+                let expected: Vec<usize> = patterns
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| regex::Regex::new(p).unwrap().is_match(path))
+                    .map(|(i, _)| i)
+                    .collect();
+                assert_eq!(matched(&rules, path), expected, "{patterns:?} {path:?}");
+            }
+        }
     }
 }

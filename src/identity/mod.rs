@@ -234,17 +234,34 @@ fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
     let mut out = ArrayVec::<u8, 46>::new();
     // The longest text is "ffff:ffff:ffff:ffff::/64" (24 bytes) or
     // "255.255.255.255" (15): the buffer always has room.
-    let _ = match ip {
-        std::net::IpAddr::V4(v4) => write!(out, "{v4}"),
+    match ip {
+        std::net::IpAddr::V4(v4) => push_v4(&mut out, v4),
         std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => write!(out, "{v4}"),
+            Some(v4) => push_v4(&mut out, v4),
             None => {
                 let s = v6.segments();
-                write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+                let _ = write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]);
             }
         },
-    };
+    }
     out
+}
+
+/// Dotted decimal, as `Ipv4Addr`'s `Display` writes it, without the
+/// formatting machinery (this runs on every request keyed by IP).
+fn push_v4(out: &mut ArrayVec<u8, 46>, ip: std::net::Ipv4Addr) {
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            let _ = out.try_push(b'.');
+        }
+        if octet >= 100 {
+            let _ = out.try_push(b'0' + octet / 100);
+        }
+        if octet >= 10 {
+            let _ = out.try_push(b'0' + octet / 10 % 10);
+        }
+        let _ = out.try_push(b'0' + octet % 10);
+    }
 }
 
 impl ClientIp {
@@ -311,7 +328,25 @@ impl Identify for Global {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::IpAddr;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn ip_users_are_written_as_display_writes_them() {
+        for octets in [
+            [0, 0, 0, 0],
+            [255, 255, 255, 255],
+            [10, 1, 2, 3],
+            [100, 20, 3, 199],
+            [9, 10, 99, 100],
+        ] {
+            let v4 = Ipv4Addr::from(octets);
+            assert_eq!(&ip_user(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
+            let mapped = IpAddr::V6(v4.to_ipv6_mapped());
+            assert_eq!(&ip_user(mapped)[..], v4.to_string().as_bytes());
+        }
+        let v6: Ipv6Addr = "2001:db8:ab:c0:1:2:3:4".parse().unwrap();
+        assert_eq!(&ip_user(IpAddr::V6(v6))[..], b"2001:db8:ab:c0::/64");
+    }
 
     #[test]
     fn ipv6_is_grouped_by_its_64_prefix() {

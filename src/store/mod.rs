@@ -12,6 +12,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,11 +142,14 @@ impl Check {
 }
 
 /// The state of one window after a check.
+///
+/// Sixteen bytes (the window's length and limit are stored flat), so a
+/// [`Decision`] stays small to move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WindowState {
-    /// The window.
-    pub window: Window,
+    micros: u64,
+    limit: NonZeroU32,
     /// Requests the window still allows (after counting this one, if it was
     /// allowed).
     pub remaining: u32,
@@ -154,7 +158,16 @@ pub struct WindowState {
 impl WindowState {
     /// The state of `window`.
     pub fn new(window: Window, remaining: u32) -> Self {
-        Self { window, remaining }
+        Self {
+            micros: window.micros(),
+            limit: window.limit_nonzero(),
+            remaining,
+        }
+    }
+
+    /// The window.
+    pub fn window(&self) -> Window {
+        Window::from_parts(self.micros, self.limit)
     }
 }
 
