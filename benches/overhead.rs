@@ -60,6 +60,9 @@ where
     started.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// A named service to drive: runs n requests, returns ns per request.
+type Runner = (&'static str, Box<dyn FnMut(usize) -> f64>);
+
 fn ours(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
     let rules = Rules::builder()
         .route(
@@ -82,7 +85,7 @@ fn main() {
         builder.per_nanosecond(1).burst_size(1_000_000);
         GovernorLayer::new(Arc::new(builder.finish().unwrap())).layer(inner())
     };
-    let mut services: Vec<(&str, Box<dyn FnMut(usize) -> f64>)> = Vec::new();
+    let mut services: Vec<Runner> = Vec::new();
     let mut bare = inner();
     services.push(("bare", Box::new(move |n| drive(&mut bare, n))));
     let mut governor = governor;
