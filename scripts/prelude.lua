@@ -28,17 +28,17 @@
 -- base index B into V and a window count N (window i has length
 -- V[B + 2i - 1] and limit V[B + 2i]); its per-window state lives in one
 -- table S; numbers go to redis.call as strings formatted with %d (Redis
--- would print a Lua number with %.14g); now is formatted once, as NOW.
+-- would print a Lua number with %.14g).
 
 local fmt = string.format
 local packed = ARGV[1]
-local V = { struct.unpack('<' .. string.rep('i8', #packed / 8), packed) }
+-- ('<i8' repeated: one string to build, and each '<' is harmless)
+local V = { struct.unpack(string.rep('<i8', #packed / 8), packed) }
 local now = V[1]
 if now < 0 then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2] -- coerced once each (tonumber converts twice)
 end
-local NOW = fmt('%d', now)
 local cost = V[2]
 local block = V[3]
 local UB, UN = 4, V[4]
@@ -61,6 +61,41 @@ end
 -- at least one millisecond.
 local function expire_at(key, expires)
   redis.call('PEXPIRE', key, fmt('%d', math.max(math.ceil((expires - now) / 1000), 1)))
+end
+
+-- The counter algorithms keep a budget's state in one string: per window,
+-- its length then `width - 1` numbers, all packed as struct 'i8' (no text to
+-- format or parse). load_state puts field f of window i in S[(f-1)N + i]
+-- (0 when the window is not stored: a new budget, or changed windows);
+-- save_state writes them back with the key's TTL in the same SET.
+local function load_state(key, B, N, S, width)
+  for j = 1, (width - 1) * N do S[j] = 0 end
+  local raw = redis.call('GET', key)
+  if not raw then return end
+  local pos, d, x = 1
+  for _ = 1, math.floor(#raw / (8 * width)) do
+    d, pos = struct.unpack('<i8', raw, pos)
+    local at = 0
+    for i = 1, N do
+      if V[B + 2 * i - 1] == d then at = i end
+    end
+    for f = 1, width - 1 do
+      x, pos = struct.unpack('<i8', raw, pos)
+      if at > 0 then S[(f - 1) * N + at] = x end
+    end
+  end
+end
+
+local function save_state(key, B, N, S, width, expires)
+  local values = {}
+  for i = 1, N do
+    local at = (i - 1) * width
+    values[at + 1] = V[B + 2 * i - 1]
+    for f = 1, width - 1 do values[at + 1 + f] = S[(f - 1) * N + i] end
+  end
+  local ms = math.max(math.ceil((expires - now) / 1000), 1)
+  redis.call('SET', key, struct.pack(string.rep('<i8', width * N), unpack(values)),
+    'PX', fmt('%d', ms))
 end
 
 -- Each algorithm defines, for a budget (key, B, N) with its state table S:

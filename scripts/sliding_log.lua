@@ -47,7 +47,8 @@ local function commit(key, B, N, S)
   local t = now
   local added = 0
   if cost == 1 then
-    added = redis.call('ZADD', key, 'NX', NOW, NOW)
+    local s = fmt('%d', t)
+    added = redis.call('ZADD', key, 'NX', s, s)
     t = t + 1
   end
   while added < cost do

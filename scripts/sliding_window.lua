@@ -1,13 +1,12 @@
 -- Sliding window counter: the current fixed window's count plus the
 -- previous window's count weighted by the part of it the sliding window
 -- still covers: used = prev * (d - elapsed) / d + cur (doubles, in exactly
--- this order, as in the Rust memory store). A budget is a hash with, per
--- window length d, '<d>k' (window number), '<d>c' (its count) and '<d>p'
--- (the previous window's count). An allowed request: HMGET, HSET, PEXPIRE.
+-- this order, as in the Rust memory store). A budget's state is, per
+-- window, its current count, the previous window's count and the current
+-- window number, packed (see load_state). An allowed request: GET and SET.
 --
 -- S[i] is the current count of window i, S[N + i] the previous one,
--- S[2N + i] the window number, S[3N + i] the time elapsed in it, and
--- S[4N + 1 .. 7N] the hash fields.
+-- S[2N + i] the window number, S[3N + i] the time elapsed in it.
 
 local function used(prev, cur, d, elapsed)
   return prev * (d - elapsed) / d + cur
@@ -34,24 +33,18 @@ local function wait_for(prev, cur, d, elapsed, limit, k)
 end
 
 local function evaluate(key, B, N, S)
-  for i = 1, N do
-    local d = fmt('%d', V[B + 2 * i - 1])
-    S[4 * N + 3 * i - 2] = d .. 'k'
-    S[4 * N + 3 * i - 1] = d .. 'c'
-    S[4 * N + 3 * i] = d .. 'p'
-  end
-  local stored = redis.call('HMGET', key, unpack(S, 4 * N + 1, 7 * N))
+  load_state(key, B, N, S, 4)
   local allowed, retry = true, 0
   for i = 1, N do
     local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
     local k = idiv(now, d)
     local elapsed = now - k * d
-    local sk = tonumber(stored[3 * i - 2])
+    local sk = S[2 * N + i]
     local cur, prev = 0, 0
     if sk == k then
-      cur, prev = tonumber(stored[3 * i - 1]), tonumber(stored[3 * i])
+      cur, prev = S[i], S[N + i]
     elseif sk == k - 1 then
-      prev = tonumber(stored[3 * i - 1])
+      prev = S[i]
     end
     S[i], S[N + i], S[2 * N + i], S[3 * N + i] = cur, prev, k, elapsed
     if used(prev, cur, d, elapsed) + cost > limit then
@@ -64,22 +57,13 @@ local function evaluate(key, B, N, S)
 end
 
 local function commit(key, B, N, S)
-  local args = {}
   local expires = now
   for i = 1, N do
-    local k = S[2 * N + i]
     S[i] = S[i] + cost
-    args[6 * i - 5] = S[4 * N + 3 * i - 2]
-    args[6 * i - 4] = fmt('%d', k)
-    args[6 * i - 3] = S[4 * N + 3 * i - 1]
-    args[6 * i - 2] = fmt('%d', S[i])
-    args[6 * i - 1] = S[4 * N + 3 * i]
-    args[6 * i] = fmt('%d', S[N + i])
     -- The current count still weighs in during the next window.
-    expires = math.max(expires, (k + 2) * V[B + 2 * i - 1])
+    expires = math.max(expires, (S[2 * N + i] + 2) * V[B + 2 * i - 1])
   end
-  redis.call('HSET', key, unpack(args))
-  expire_at(key, expires)
+  save_state(key, B, N, S, 4, expires)
 end
 
 local function remaining(B, N, S, i)

@@ -1,21 +1,20 @@
 -- Token bucket as GCRA: a window of n per w is a bucket of n tokens refilled
--- one every t = ceil(w / n) microseconds. A budget is a hash with, per
--- window length w, the field '<w>t': the theoretical arrival time (TAT). A
--- request of cost c is allowed when max(TAT, now) + c*t - now <= n*t. An
--- allowed request: HMGET, HSET, PEXPIRE.
+-- one every t = ceil(w / n) microseconds. A budget's state is, per window,
+-- its theoretical arrival time (TAT), packed (see load_state). A request of
+-- cost c is allowed when max(TAT, now) + c*t - now <= n*t. An allowed
+-- request: GET and SET.
 --
--- S[i] is the TAT of window i, S[N + i] its t, S[2N + i] its hash field.
+-- S[i] is the TAT of window i, S[N + i] its t.
 
 local function evaluate(key, B, N, S)
-  for i = 1, N do S[2 * N + i] = fmt('%d', V[B + 2 * i - 1]) .. 't' end
-  local stored = redis.call('HMGET', key, unpack(S, 2 * N + 1, 3 * N))
+  load_state(key, B, N, S, 2)
   local allowed, retry = true, 0
   for i = 1, N do
     local d, size = V[B + 2 * i - 1], V[B + 2 * i]
     local t = idiv(d, size)
     if t * size < d then t = t + 1 end
     if t < 1 then t = 1 end
-    local tat = math.max(tonumber(stored[i]) or 0, now)
+    local tat = math.max(S[i], now)
     S[i], S[N + i] = tat, t
     local nxt = tat + cost * t
     if nxt - now > size * t then
@@ -29,16 +28,12 @@ local function evaluate(key, B, N, S)
 end
 
 local function commit(key, B, N, S)
-  local args = {}
   local expires = now
   for i = 1, N do
     S[i] = S[i] + cost * S[N + i]
-    args[2 * i - 1] = S[2 * N + i]
-    args[2 * i] = fmt('%d', S[i])
     expires = math.max(expires, S[i])
   end
-  redis.call('HSET', key, unpack(args))
-  expire_at(key, expires)
+  save_state(key, B, N, S, 2, expires)
 end
 
 local function remaining(B, N, S, i)

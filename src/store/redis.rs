@@ -52,10 +52,12 @@
 //! user's and the route's windows are decided in one script call, at the
 //! price of one hot slot per such route on Cluster.
 //! `<algorithm>` is `l` (sliding log: a sorted set whose members and scores
-//! are microsecond timestamps), `w` (sliding window: a hash of per-window
-//! counters), `f` (fixed window: a hash) or `t` (token bucket: a hash of
-//! per-window arrival times). Every write sets a
-//! `PEXPIRE` that ends when the newest entry leaves the longest window, so
+//! are microsecond timestamps), `sw` (sliding window), `fw` (fixed window)
+//! or `tb` (token bucket); the last three keep a budget's counters in one
+//! string of little-endian 64-bit integers (per window: its length, then
+//! its counters or arrival time), read with one `GET` and written with one
+//! `SET ... PX`. Every write sets a TTL that ends when the newest entry
+//! leaves the longest window, so
 //! no key outlives its usefulness.
 
 use std::future::Future;
@@ -129,9 +131,9 @@ impl Scripts {
 fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::SlidingLog => "l",
-        Algorithm::SlidingWindow => "w",
-        Algorithm::FixedWindow => "f",
-        Algorithm::TokenBucket => "t",
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::FixedWindow => "fw",
+        Algorithm::TokenBucket => "tb",
     }
 }
 
