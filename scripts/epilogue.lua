@@ -30,7 +30,7 @@ if user_ok and route_ok then
   if GS then commit(KEYS[3], GB, GN, GS) end
 elseif block > 0 and not user_ok then
   -- The user exceeded their own limits: block them, atomically.
-  redis.call('SET', KEYS[2], fmt('%d', now + block), 'PX', math.max(math.ceil(block / 1000), 1))
+  redis.call('SET', KEYS[2], fmt('%d', now + block), 'PX', math.max(math.ceil(block / 1000), 1) + ttl_pad)
   return blocked_reply(math.max(block, retry))
 end
 

@@ -35,9 +35,15 @@ local packed = ARGV[1]
 -- ('<i8' repeated: one string to build, and each '<' is harmless)
 local V = { struct.unpack(string.rep('<i8', #packed / 8), packed) }
 local now = V[1]
+-- Milliseconds added to every TTL. TTLs run on the server's clock; with an
+-- injected clock (tests), real time may pass faster than the injected one,
+-- so keys then live 10 s longer. That changes no decision: every state
+-- carries its own times, and stale state reads as empty.
+local ttl_pad = 10000
 if now < 0 then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2] -- coerced once each (tonumber converts twice)
+  ttl_pad = 0
 end
 local cost = V[2]
 local block = V[3]
@@ -60,7 +66,7 @@ end
 -- Sets a key's TTL to end at `expires` (microseconds on the script's clock),
 -- at least one millisecond.
 local function expire_at(key, expires)
-  redis.call('PEXPIRE', key, fmt('%d', math.max(math.ceil((expires - now) / 1000), 1)))
+  redis.call('PEXPIRE', key, fmt('%d', math.max(math.ceil((expires - now) / 1000), 1) + ttl_pad))
 end
 
 -- The counter algorithms keep a budget's state in one string: per window,
@@ -93,7 +99,7 @@ local function save_state(key, B, N, S, width, expires)
     values[at + 1] = V[B + 2 * i - 1]
     for f = 1, width - 1 do values[at + 1 + f] = S[(f - 1) * N + i] end
   end
-  local ms = math.max(math.ceil((expires - now) / 1000), 1)
+  local ms = math.max(math.ceil((expires - now) / 1000), 1) + ttl_pad
   redis.call('SET', key, struct.pack(string.rep('<i8', width * N), unpack(values)),
     'PX', fmt('%d', ms))
 end
