@@ -34,18 +34,37 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
-/// A header value for a number; small ones (the common case) are made once
-/// and shared, so a response's headers cost no allocation.
+/// A header value for a number. Small ones (the common case) are static
+/// values made once: cloning one copies two words, with no allocation and
+/// no reference count for the threads to share.
 pub(crate) fn number(n: u64) -> HeaderValue {
-    const SMALL: u64 = 4096;
+    const SMALL: usize = 4096;
     static CACHE: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
-    if n < SMALL {
-        let cache = CACHE.get_or_init(|| (0..SMALL).map(HeaderValue::from).collect());
-        if let Some(value) = usize::try_from(n).ok().and_then(|i| cache.get(i)) {
-            return value.clone();
+    let Some(i) = usize::try_from(n).ok().filter(|&i| i < SMALL) else {
+        return HeaderValue::from(n);
+    };
+    let cache = CACHE.get_or_init(|| {
+        let mut digits = String::with_capacity(5 * SMALL);
+        let mut ends = Vec::with_capacity(SMALL);
+        for i in 0..SMALL {
+            let _ = write!(digits, "{i}");
+            ends.push(digits.len());
         }
-    }
-    HeaderValue::from(n)
+        // Made once per process and kept for its life, as the cache is.
+        let digits: &'static str = Box::leak(digits.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&digits[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    cache
+        .get(i)
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// Whole seconds in `d`, rounded up.
@@ -64,12 +83,19 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The rate-limit headers of one decision, computed before the inner
-/// service runs and added to its response afterwards.
+/// service runs and added to its response afterwards. Kept as numbers
+/// until then, so the response future stays small to move.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RateHeaders {
-    x: Option<[HeaderValue; 3]>,
-    ietf: Option<[HeaderValue; 2]>,
-    retry_after: Option<HeaderValue>,
+    /// `X-RateLimit-Limit`; `None`: no `X-RateLimit-*` headers.
+    limit: Option<HeaderValue>,
+    remaining: u32,
+    /// Seconds.
+    reset: u64,
+    /// `Retry-After` seconds; 0 for none (a wait is at least 1 s).
+    retry_after: u64,
+    /// `RateLimit-Policy` and `RateLimit`.
+    ietf: Option<Box<[HeaderValue; 2]>>,
 }
 
 impl RateHeaders {
@@ -79,7 +105,7 @@ impl RateHeaders {
         let retry_after = decision
             .retry_after()
             .filter(|_| !decision.allowed())
-            .map(|d| number(retry_after_secs(d)));
+            .map_or(0, retry_after_secs);
         let Some((index, w)) = decision
             .constraining_index()
             .and_then(|i| Some((i, decision.windows().get(i)?)))
@@ -90,45 +116,49 @@ impl RateHeaders {
             };
         };
         let reset = ceil_secs(decision.reset_after());
-        let x = matches!(mode, HeaderMode::X | HeaderMode::Both).then(|| {
-            let limit = policy.limits.get(index).cloned();
-            [
-                limit.unwrap_or_else(|| number(u64::from(w.window().limit()))),
-                number(u64::from(w.remaining)),
-                number(reset),
-            ]
+        let limit = matches!(mode, HeaderMode::X | HeaderMode::Both).then(|| {
+            policy
+                .limits
+                .get(index)
+                .cloned()
+                .unwrap_or_else(|| number(u64::from(w.window().limit())))
         });
         let ietf = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
-                ietf_ratelimit(decision, policy, reset).map(|value| [p.clone(), value])
+                ietf_ratelimit(decision, policy, reset).map(|value| Box::new([p.clone(), value]))
             }
             _ => None,
         };
         Self {
-            x,
-            ietf,
+            limit,
+            remaining: w.remaining,
+            reset,
             retry_after,
+            ietf,
         }
     }
 
     /// Without `Retry-After` (shadow mode lets a would-be denial through).
     pub(crate) fn without_retry(mut self) -> Self {
-        self.retry_after = None;
+        self.retry_after = 0;
         self
     }
 
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        if let Some([limit, remaining, reset]) = self.x {
+        if let Some(limit) = self.limit {
             headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, remaining);
-            headers.insert(X_RATELIMIT_RESET, reset);
+            headers.insert(X_RATELIMIT_REMAINING, number(u64::from(self.remaining)));
+            headers.insert(X_RATELIMIT_RESET, number(self.reset));
         }
-        if let Some([policy, state]) = self.ietf {
+        if let Some(ietf) = self.ietf {
+            let [policy, state] = *ietf;
             headers.insert(RATELIMIT_POLICY, policy);
             headers.insert(RATELIMIT, state);
         }
-        if let Some(retry) = self.retry_after {
-            headers.entry(RETRY_AFTER).or_insert(retry);
+        if self.retry_after > 0 {
+            headers
+                .entry(RETRY_AFTER)
+                .or_insert_with(|| number(self.retry_after));
         }
     }
 }

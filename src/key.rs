@@ -15,7 +15,6 @@
 //! keys (up to SHA-256 collisions for parts longer than [`MAX_ENCODED`]).
 
 use std::fmt::Write;
-use std::sync::Arc;
 
 use arrayvec::ArrayString;
 use sha2::{Digest, Sha256};
@@ -86,21 +85,45 @@ pub fn encode(bytes: &[u8]) -> String {
     out
 }
 
-/// `<policy>:<encoded user>`: built on the stack, then allocated once.
-pub(crate) fn budget_key(policy: &str, user: &[u8]) -> Arc<str> {
-    // A policy part is at most a zone's encoding (MAX_ENCODED + 1 bytes)
-    // plus a letter; a user part at most MAX_ENCODED + 1 bytes.
-    let mut out = ArrayString::<{ 2 * MAX_ENCODED + 8 }>::new();
-    if out.try_push_str(policy).is_err() {
-        let mut long = String::with_capacity(policy.len() + 1 + MAX_ENCODED + 1);
-        long.push_str(policy);
-        long.push(':');
-        push_encoded(&mut long, user);
-        return long.into();
+/// `<policy>:<encoded user>`, allocated once.
+#[cfg(test)]
+pub(crate) fn budget_key(policy: &str, user: &[u8]) -> std::sync::Arc<str> {
+    std::sync::Arc::from(KeyBuf::new().write(policy, user))
+}
+
+/// Room for a budget key on the stack: a policy part is at most a zone's
+/// encoding (MAX_ENCODED + 1 bytes) plus a letter, a user part at most
+/// MAX_ENCODED + 1 bytes. Only a longer policy part goes to the heap.
+pub(crate) struct KeyBuf {
+    stack: ArrayString<{ 2 * MAX_ENCODED + 8 }>,
+    heap: String,
+}
+
+impl KeyBuf {
+    pub(crate) fn new() -> Self {
+        Self {
+            stack: ArrayString::new(),
+            heap: String::new(),
+        }
     }
-    out.push(':');
-    push_encoded(&mut out, user);
-    Arc::from(out.as_str())
+
+    /// Writes `<policy>:<encoded user>` and returns it.
+    pub(crate) fn write(&mut self, policy: &str, user: &[u8]) -> &str {
+        self.stack.clear();
+        // The encoded user takes at most MAX_ENCODED + 1 bytes.
+        if policy.len() + 2 + MAX_ENCODED <= self.stack.capacity() {
+            self.stack.push_str(policy);
+            self.stack.push(':');
+            push_encoded(&mut self.stack, user);
+            return &self.stack;
+        }
+        self.heap.clear();
+        self.heap.reserve(policy.len() + 1 + MAX_ENCODED + 1);
+        self.heap.push_str(policy);
+        self.heap.push(':');
+        push_encoded(&mut self.heap, user);
+        &self.heap
+    }
 }
 
 /// A short stable name for a route pattern: 16 hex digits of its SHA-256.

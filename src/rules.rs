@@ -858,7 +858,7 @@ fn compile_rule(
         let limits = windows
             .iter()
             .chain(route.global.unwrap_or(&[]))
-            .map(|w| HeaderValue::from(w.limit()))
+            .map(|w| crate::decision::number(u64::from(w.limit())))
             .collect();
         Some(Arc::new(Policy {
             budget: budget.into_boxed_str(),

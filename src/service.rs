@@ -21,7 +21,7 @@ use crate::key;
 use crate::layer::{FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
 use crate::rules::{Candidates, Policy, Rules};
-use crate::store::{Check, Decision, GlobalCheck, Store, StoreError};
+use crate::store::{Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError};
 
 /// Everything the services of one layer share.
 pub(crate) struct Shared<St, I> {
@@ -139,9 +139,9 @@ where
                 ResponseFuture::calling(fut, headers)
             }
             Verdict::Answer(response, headers) => ResponseFuture::answer(response, headers),
-            Verdict::Wait(fut, checked) => {
+            Verdict::Wait(fut, held) => {
                 let mut pending = self.pending(head, body, candidates, grpc);
-                pending.checked = Some(checked);
+                pending.held = Some(held);
                 ResponseFuture {
                     state: State::Checking {
                         fut,
@@ -157,23 +157,25 @@ impl<S: Clone, St, I> RateLimit<S, St, I> {
     /// Holds the request for an asynchronous decision. The service that was
     /// polled ready goes with it; a fresh clone stays behind for the next
     /// poll_ready.
+    /// (Boxed: only asynchronous identities and stores hold a request, and
+    /// the response future of the others stays small to move.)
     fn pending<B>(
         &mut self,
         head: Parts,
         body: B,
         candidates: Candidates,
         grpc: bool,
-    ) -> Pending<S, B, St, I> {
+    ) -> Box<Pending<S, B, St, I>> {
         let clone = self.inner.clone();
-        Pending {
+        Box::new(Pending {
             inner: std::mem::replace(&mut self.inner, clone),
             head,
             body,
             candidates,
             shared: self.shared.clone(),
             grpc,
-            checked: None,
-        }
+            held: None,
+        })
     }
 }
 
@@ -185,28 +187,54 @@ struct Pending<S, B, St, I> {
     candidates: Candidates,
     shared: Arc<Shared<St, I>>,
     grpc: bool,
-    /// Set once a rule applies.
-    checked: Option<Checked>,
+    /// Set once a rule applies and the store is asked.
+    held: Option<Held>,
 }
 
 impl<S, B, St, I> Pending<S, B, St, I> {
-    fn call<R>(mut self) -> S::Future
+    fn call<R>(self) -> S::Future
     where
         S: Service<Request<B>, Response = Response<R>>,
     {
-        self.inner.call(Request::from_parts(self.head, self.body))
+        let Pending {
+            mut inner,
+            head,
+            body,
+            ..
+        } = self;
+        inner.call(Request::from_parts(head, body))
     }
 }
 
-/// What a limited request is checked against.
-struct Checked {
-    policy: Arc<Policy>,
-    budget: Arc<str>,
+/// What a limited request is checked against, borrowed from the rule table
+/// (and from the stack, for the budget) while the decision is made.
+struct Checked<'a> {
+    policy: &'a Policy,
+    budget: &'a str,
     cost: u32,
     /// When an asynchronous store was asked.
     started: Option<Instant>,
-    /// A copy of the check, kept only for [`FailMode::Fallback`].
-    retry: Option<Check>,
+    /// The check, for [`FailMode::Fallback`].
+    retry: Option<CheckRef<'a>>,
+}
+
+/// What a request waiting for an asynchronous store keeps of its check.
+struct Held {
+    policy: Arc<Policy>,
+    check: Check,
+    started: Instant,
+}
+
+impl Held {
+    fn checked(&self) -> Checked<'_> {
+        Checked {
+            policy: &self.policy,
+            budget: &self.check.budget,
+            cost: self.check.cost,
+            started: Some(self.started),
+            retry: Some(self.check.as_ref()),
+        }
+    }
 }
 
 /// What to do with a request.
@@ -216,7 +244,7 @@ enum Verdict<SF> {
     /// Answer without calling the inner service.
     Answer(Response<Bytes>, Option<RateHeaders>),
     /// Wait for the store.
-    Wait(SF, Checked),
+    Wait(SF, Held),
 }
 
 impl<St: Store, I> Shared<St, I> {
@@ -242,69 +270,77 @@ impl<St: Store, I> Shared<St, I> {
                 return Verdict::Answer(response, None);
             }
         };
-        let policy = self
+        let rule = self
             .rules
-            .select(candidates, identity.group(), &head.method)
-            .and_then(|rule| rule.policy.clone());
-        let Some(policy) = policy else {
+            .select(candidates, identity.group(), &head.method);
+        let Some(policy) = rule.and_then(|rule| rule.policy.as_ref()) else {
             return Verdict::Pass(None);
         };
         let options = &self.options;
         let cost = options.cost.as_ref().map_or(1, |f| f(head));
-        let budget = key::budget_key(&policy.budget, identity.user());
+        let mut key = key::KeyBuf::new();
+        let budget = key.write(&policy.budget, identity.user());
+        let mut checked = Checked {
+            policy,
+            budget,
+            cost,
+            started: None,
+            retry: None,
+        };
         let shadow = policy.shadow || options.shadow;
         let cache = self.state.denials.as_ref().filter(|c| !c.is_empty());
         if let (false, Some(cache)) = (shadow, cache) {
-            if let Some(denied) = cache.get(&budget, cost, self.now()) {
-                let checked = Checked {
-                    policy,
-                    budget,
-                    cost,
-                    started: None,
-                    retry: None,
-                };
+            if let Some(denied) = cache.get(budget, cost, self.now()) {
                 return self.on_decision(checked, grpc, Ok(denied), Outcome::DeniedLocally);
             }
         }
-        let check = Check {
-            budget: budget.clone(),
-            windows: policy.windows.clone(),
+        let check = CheckRef {
+            budget,
+            windows: &policy.windows,
             algorithm: policy.algorithm,
             cost,
             now: options.clock.as_ref().map(|c| c.now()),
+            global: policy.global.as_ref().map(|g| GlobalRef {
+                budget: &g.budget,
+                windows: &g.windows,
+            }),
+            block: policy.block,
+        };
+        checked.retry = Some(check);
+        if let Some(fallback) = self.state.fallback.as_ref() {
+            if fallback.bypass(self.now()) {
+                let decision = fallback.store.decide_now(&check);
+                return self.on_decision(checked, grpc, Ok(decision), Outcome::Fallback);
+            }
+        }
+        if let Some(result) = self.store.check_now(&check) {
+            return self.on_decision(checked, grpc, result, Outcome::Allowed);
+        }
+        // The store makes the request wait: it gets a check it owns.
+        let check = Check {
+            budget: Arc::from(budget),
+            windows: policy.windows.clone(),
+            algorithm: policy.algorithm,
+            cost,
+            now: check.now,
             global: policy
                 .global
                 .as_ref()
                 .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
             block: policy.block,
         };
-        let fallback = self.state.fallback.as_ref();
-        let mut checked = Checked {
-            policy,
-            budget,
-            cost,
-            started: None,
-            retry: fallback.map(|_| check.clone()),
+        let held = Held {
+            policy: policy.clone(),
+            check: check.clone(),
+            started: Instant::now(),
         };
-        if let Some(fallback) = fallback.filter(|f| f.bypass(self.now())) {
-            let decision = fallback.store.decide_now(&check);
-            return self.on_decision(checked, grpc, Ok(decision), Outcome::Fallback);
-        }
-        match self.store.check_now(check) {
-            Ok(result) => self.on_decision(checked, grpc, result, Outcome::Allowed),
-            Err(check) => {
-                // Only a store that makes the request wait has a latency
-                // worth measuring.
-                checked.started = Some(Instant::now());
-                Verdict::Wait(self.store.check(check), checked)
-            }
-        }
+        Verdict::Wait(self.store.check(check), held)
     }
 
     /// Turns a store's answer into what to do with the request.
     fn on_decision(
         &self,
-        checked: Checked,
+        checked: Checked<'_>,
         grpc: bool,
         result: Result<Decision, StoreError>,
         via: Outcome,
@@ -336,7 +372,7 @@ impl<St: Store, I> Shared<St, I> {
                     (FailMode::Closed, ..) => {
                         observe::outcome(
                             &checked.policy.route,
-                            &checked.budget,
+                            checked.budget,
                             Outcome::FailClosed,
                             None,
                         );
@@ -354,7 +390,7 @@ impl<St: Store, I> Shared<St, I> {
                     _ => {
                         observe::outcome(
                             &checked.policy.route,
-                            &checked.budget,
+                            checked.budget,
                             Outcome::FailOpen,
                             None,
                         );
@@ -363,7 +399,7 @@ impl<St: Store, I> Shared<St, I> {
                 }
             }
         };
-        let policy = &checked.policy;
+        let policy = checked.policy;
         let remaining = decision.constraining().map(|w| w.remaining);
         let headers = RateHeaders::new(&decision, policy, options.headers);
         if decision.allowed() {
@@ -372,13 +408,13 @@ impl<St: Store, I> Shared<St, I> {
             } else {
                 Outcome::Allowed
             };
-            observe::outcome(&policy.route, &checked.budget, outcome, remaining);
+            observe::outcome(&policy.route, checked.budget, outcome, remaining);
             return Verdict::Pass(Some(headers));
         }
         if policy.shadow || options.shadow {
             observe::outcome(
                 &policy.route,
-                &checked.budget,
+                checked.budget,
                 Outcome::ShadowDenied,
                 remaining,
             );
@@ -388,10 +424,10 @@ impl<St: Store, I> Shared<St, I> {
             Outcome::Allowed => Outcome::Denied,
             other => other,
         };
-        observe::outcome(&policy.route, &checked.budget, outcome, remaining);
+        observe::outcome(&policy.route, checked.budget, outcome, remaining);
         if outcome == Outcome::Denied {
             if let Some(cache) = &self.state.denials {
-                cache.insert(&checked.budget, checked.cost, self.now(), &decision);
+                cache.insert(checked.budget, checked.cost, self.now(), &decision);
             }
         }
         let response = match &options.on_blocked {
@@ -416,7 +452,7 @@ pin_project! {
         I: Identify,
     {
         #[pin]
-        state: State<S::Future, I::Future, St::Future, Pending<S, B, St, I>>,
+        state: State<S::Future, I::Future, St::Future, Box<Pending<S, B, St, I>>>,
     }
 }
 
@@ -456,13 +492,13 @@ type StateOf<S, B, St, I> = State<
     <S as Service<Request<B>>>::Future,
     <I as Identify>::Future,
     <St as Store>::Future,
-    Pending<S, B, St, I>,
+    Box<Pending<S, B, St, I>>,
 >;
 
 /// The next state after a verdict on a held request.
 fn next_state<S, B, St, I, R>(
     verdict: Verdict<St::Future>,
-    mut pending: Pending<S, B, St, I>,
+    mut pending: Box<Pending<S, B, St, I>>,
 ) -> StateOf<S, B, St, I>
 where
     S: Service<Request<B>, Response = Response<R>>,
@@ -478,8 +514,8 @@ where
             response: Some(response),
             headers,
         },
-        Verdict::Wait(fut, checked) => {
-            pending.checked = Some(checked);
+        Verdict::Wait(fut, held) => {
+            pending.held = Some(held);
             State::Checking {
                 fut,
                 pending: Some(pending),
@@ -516,8 +552,7 @@ where
                     let Some(pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    let shared = pending.shared.clone();
-                    let verdict = shared.on_identity(
+                    let verdict = pending.shared.on_identity(
                         &pending.head,
                         &pending.candidates,
                         pending.grpc,
@@ -530,12 +565,15 @@ where
                     let Some(mut pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    let Some(checked) = pending.checked.take() else {
+                    let Some(held) = pending.held.take() else {
                         return Poll::Pending;
                     };
-                    let shared = pending.shared.clone();
-                    let verdict =
-                        shared.on_decision(checked, pending.grpc, result, Outcome::Allowed);
+                    let verdict = pending.shared.on_decision(
+                        held.checked(),
+                        pending.grpc,
+                        result,
+                        Outcome::Allowed,
+                    );
                     next_state(verdict, pending)
                 }
                 StateProj::Calling { fut, headers } => {

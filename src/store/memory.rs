@@ -28,7 +28,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 use super::counters::{self, Slot};
-use super::{sliding_log, Check, Decision, Store, StoreError};
+use super::{sliding_log, Check, CheckRef, Decision, Store, StoreError};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::rules::Algorithm;
 
@@ -109,14 +109,9 @@ impl Entry {
     /// Decides on `check` with this entry as the user's budget and `global`
     /// as the route's: blocks first, then both budgets' windows, recorded
     /// in both or neither. The Redis scripts' epilogue does the same.
-    fn decide(&mut self, check: &Check, global: Option<&mut Entry>, now: u64) -> Decision {
+    fn decide(&mut self, check: &CheckRef<'_>, global: Option<&mut Entry>, now: u64) -> Decision {
         let all_windows = || {
-            let global = check
-                .global
-                .as_ref()
-                .map(|g| g.windows.iter())
-                .into_iter()
-                .flatten();
+            let global = check.global.map(|g| g.windows.iter()).into_iter().flatten();
             check.windows.iter().chain(global).copied()
         };
         if check.block.is_some() && self.blocked_until > now {
@@ -127,15 +122,15 @@ impl Entry {
         }
         let cost = check.cost;
         let algorithm = check.algorithm;
-        match (global, &check.global) {
+        match (global, check.global) {
             (Some(route), Some(g)) => {
                 // Look at both without recording, then record in both only
                 // if both allow.
-                let user = self.run(algorithm, &check.windows, cost, now, false);
-                let shared = route.run(algorithm, &g.windows, cost, now, false);
+                let user = self.run(algorithm, check.windows, cost, now, false);
+                let shared = route.run(algorithm, g.windows, cost, now, false);
                 if user.allowed() && shared.allowed() {
-                    let user = self.run(algorithm, &check.windows, cost, now, true);
-                    let shared = route.run(algorithm, &g.windows, cost, now, true);
+                    let user = self.run(algorithm, check.windows, cost, now, true);
+                    let shared = route.run(algorithm, g.windows, cost, now, true);
                     Decision::join(user, shared)
                 } else {
                     let user_denied = !user.allowed();
@@ -147,7 +142,7 @@ impl Entry {
                 }
             }
             _ => {
-                let user = self.run(algorithm, &check.windows, cost, now, true);
+                let user = self.run(algorithm, check.windows, cost, now, true);
                 if !user.allowed() {
                     return self.block(check, user, now, all_windows());
                 }
@@ -160,7 +155,7 @@ impl Entry {
     /// the rule has one, reporting the longer of the block and the wait.
     fn block(
         &mut self,
-        check: &Check,
+        check: &CheckRef<'_>,
         denied: Decision,
         now: u64,
         windows: impl Iterator<Item = crate::rules::Window>,
@@ -309,7 +304,7 @@ impl MemoryStore {
     }
 
     /// Decides at once (the memory store never waits).
-    pub(crate) fn decide_now(&self, check: &Check) -> Decision {
+    pub(crate) fn decide_now(&self, check: &CheckRef<'_>) -> Decision {
         self.decide(check)
     }
 
@@ -318,17 +313,17 @@ impl MemoryStore {
         usize::try_from(hash >> self.inner.shift).unwrap_or(0) % self.inner.shards.len()
     }
 
-    fn decide(&self, check: &Check) -> Decision {
+    fn decide(&self, check: &CheckRef<'_>) -> Decision {
         let inner = &*self.inner;
         let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
-        let hash = inner.hasher.hash_one(&*check.budget);
+        let hash = inner.hasher.hash_one(check.budget);
         let user_shard = self.shard_of(hash);
-        let Some(global) = &check.global else {
+        let Some(global) = check.global else {
             let mut shard = lock(&inner.shards[user_shard]);
             if let Some(entry) = shard.table.find_mut(hash, |e| *e.budget == *check.budget) {
                 return entry.decide(check, None, now);
             }
-            let mut entry = Entry::new(hash, &check.budget, check.algorithm);
+            let mut entry = Entry::new(hash, check.budget, check.algorithm);
             let decision = entry.decide(check, None, now);
             // A denied first request without a block leaves nothing to keep.
             if entry.live(now) {
@@ -339,7 +334,7 @@ impl MemoryStore {
         // Two budgets, perhaps in two shards: lock them in index order so
         // concurrent checks cannot deadlock, take both entries out, decide,
         // and put back what is still live.
-        let global_hash = inner.hasher.hash_one(&*global.budget);
+        let global_hash = inner.hasher.hash_one(global.budget);
         let global_shard = self.shard_of(global_hash);
         let (mut first, mut second) = match user_shard.cmp(&global_shard) {
             std::cmp::Ordering::Equal => (lock(&inner.shards[user_shard]), None),
@@ -353,12 +348,12 @@ impl MemoryStore {
             }
         };
         let mut user = first
-            .take(hash, &check.budget)
-            .unwrap_or_else(|| Entry::new(hash, &check.budget, check.algorithm));
+            .take(hash, check.budget)
+            .unwrap_or_else(|| Entry::new(hash, check.budget, check.algorithm));
         let route_shard = second.as_deref_mut().unwrap_or(&mut first);
         let mut route = route_shard
-            .take(global_hash, &global.budget)
-            .unwrap_or_else(|| Entry::new(global_hash, &global.budget, check.algorithm));
+            .take(global_hash, global.budget)
+            .unwrap_or_else(|| Entry::new(global_hash, global.budget, check.algorithm));
         let decision = user.decide(check, Some(&mut route), now);
         if route.live(now) {
             route_shard.insert(route, now);
@@ -404,11 +399,11 @@ impl Store for MemoryStore {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, check: Check) -> Self::Future {
-        ready(Ok(self.decide(&check)))
+        ready(Ok(self.decide(&check.as_ref())))
     }
 
-    fn check_now(&self, check: Check) -> Result<Result<Decision, StoreError>, Check> {
-        Ok(Ok(self.decide(&check)))
+    fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(self.decide(check)))
     }
 }
 
@@ -425,7 +420,7 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         let windows: Arc<[Window]> = [Window::new(Duration::from_secs(10), 5).unwrap()].into();
         for user in 0..1000 {
-            let d = store.decide(&Check::new(format!("r:{user}"), windows.clone()));
+            let d = store.decide(&Check::new(format!("r:{user}"), windows.clone()).as_ref());
             assert!(d.allowed());
         }
         assert_eq!(store.sweep(), 1000);
@@ -442,7 +437,11 @@ mod tests {
         // 100,000 one-off users, each idle a second later: the table must
         // stay near the number of live budgets, not grow to 100,000.
         for user in 0..100_000u32 {
-            let d = store.decide(&Check::new(format!("r:{user}"), windows.clone()).at(clock.now()));
+            let d = store.decide(
+                &Check::new(format!("r:{user}"), windows.clone())
+                    .at(clock.now())
+                    .as_ref(),
+            );
             assert!(d.allowed());
             clock.advance(Duration::from_millis(1));
         }

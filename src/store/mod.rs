@@ -139,6 +139,54 @@ impl Check {
         self.now = Some(now);
         self
     }
+
+    /// The same check, borrowed (what [`Store::check_now`] takes).
+    pub fn as_ref(&self) -> CheckRef<'_> {
+        CheckRef {
+            budget: &self.budget,
+            windows: &self.windows,
+            algorithm: self.algorithm,
+            cost: self.cost,
+            now: self.now,
+            global: self.global.as_ref().map(|g| GlobalRef {
+                budget: &g.budget,
+                windows: &g.windows,
+            }),
+            block: self.block,
+        }
+    }
+}
+
+/// A [`Check`] borrowed from the layer's rule table: what a store that
+/// decides at once needs, made per request without allocating anything
+/// (the budget key lives on the stack).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct CheckRef<'a> {
+    /// The budget (see [`Check::budget`]).
+    pub budget: &'a str,
+    /// The windows to check, shortest first.
+    pub windows: &'a [Window],
+    /// How requests are counted.
+    pub algorithm: Algorithm,
+    /// How many units this request spends.
+    pub cost: u32,
+    /// The time of the check, when a clock was injected into the layer.
+    pub now: Option<Timestamp>,
+    /// The route-wide budget, decided in the same atomic step.
+    pub global: Option<GlobalRef<'a>>,
+    /// How long to block the user's budget when its windows deny.
+    pub block: Option<Duration>,
+}
+
+/// The route-wide part of a [`CheckRef`].
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct GlobalRef<'a> {
+    /// The route's budget.
+    pub budget: &'a str,
+    /// Its windows, shortest first.
+    pub windows: &'a [Window],
 }
 
 /// The state of one window after a check.
@@ -171,14 +219,63 @@ impl WindowState {
     }
 }
 
+/// Window states kept inline: enough for a rule with a limit per second,
+/// minute, hour, day and month.
+const INLINE_WINDOWS: usize = 5;
+
+/// The windows of a decision: inline up to [`INLINE_WINDOWS`] (no
+/// allocation, and a [`Decision`] small enough to move in a few
+/// instructions), on the heap beyond.
+#[derive(Clone, Debug)]
+enum States {
+    Inline(ArrayVec<WindowState, INLINE_WINDOWS>),
+    Heap(Box<[WindowState]>),
+}
+
+impl States {
+    fn as_slice(&self) -> &[WindowState] {
+        match self {
+            States::Inline(states) => states,
+            States::Heap(states) => states,
+        }
+    }
+
+    fn collect(states: impl IntoIterator<Item = WindowState>) -> Self {
+        let mut states = states.into_iter().take(2 * MAX_WINDOWS);
+        let mut inline = ArrayVec::new();
+        for state in states.by_ref() {
+            if let Err(full) = inline.try_push(state) {
+                let mut heap: Vec<WindowState> = inline.into_iter().collect();
+                heap.push(full.element());
+                heap.extend(states);
+                return States::Heap(heap.into_boxed_slice());
+            }
+        }
+        States::Inline(inline)
+    }
+}
+
+impl PartialEq for States {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for States {}
+
+/// "No wait" in [`Decision`]'s microsecond fields.
+const NO_RETRY: u64 = u64::MAX;
+
 /// The answer of a store to a [`Check`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
     blocked: bool,
-    retry_after: Option<Duration>,
-    reset_after: Duration,
-    windows: ArrayVec<WindowState, { 2 * MAX_WINDOWS }>,
+    /// Microseconds, [`NO_RETRY`] for none.
+    retry_after: u64,
+    /// Microseconds.
+    reset_after: u64,
+    windows: States,
 }
 
 impl Decision {
@@ -191,12 +288,16 @@ impl Decision {
         reset_after: Duration,
         windows: impl IntoIterator<Item = WindowState>,
     ) -> Self {
+        let retry_after = match retry_after {
+            Some(retry) if !allowed => crate::clock::duration_micros(retry).min(NO_RETRY - 1),
+            _ => NO_RETRY,
+        };
         Self {
             allowed,
             blocked: false,
-            retry_after: if allowed { None } else { retry_after },
-            reset_after,
-            windows: windows.into_iter().take(2 * MAX_WINDOWS).collect(),
+            retry_after,
+            reset_after: crate::clock::duration_micros(reset_after),
+            windows: States::collect(windows),
         }
     }
 
@@ -222,8 +323,11 @@ impl Decision {
     /// This decision, `elapsed` later: the waits shortened by it (a
     /// cached denial replayed).
     pub(crate) fn rewound(&self, elapsed: Duration) -> Decision {
+        let elapsed = crate::clock::duration_micros(elapsed);
         let mut decision = self.clone();
-        decision.retry_after = self.retry_after.map(|r| r.saturating_sub(elapsed));
+        if decision.retry_after != NO_RETRY {
+            decision.retry_after = self.retry_after.saturating_sub(elapsed);
+        }
         decision.reset_after = self.reset_after.saturating_sub(elapsed);
         decision
     }
@@ -233,7 +337,7 @@ impl Decision {
     /// of the two (the user's on ties).
     pub(crate) fn join(user: Decision, global: Decision) -> Decision {
         let min = |d: &Decision| {
-            d.windows
+            d.windows()
                 .iter()
                 .map(|w| w.remaining)
                 .min()
@@ -245,14 +349,14 @@ impl Decision {
             global.reset_after
         };
         let retry = user
-            .retry_after
+            .retry_after()
             .unwrap_or_default()
-            .max(global.retry_after.unwrap_or_default());
+            .max(global.retry_after().unwrap_or_default());
         Decision::new(
             user.allowed && global.allowed,
             Some(retry),
-            reset,
-            user.windows.into_iter().chain(global.windows),
+            Duration::from_micros(reset),
+            user.windows().iter().chain(global.windows()).copied(),
         )
     }
 
@@ -264,30 +368,31 @@ impl Decision {
     /// For a denied request, the exact time until it would be allowed (the
     /// largest wait among the windows that deny it).
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        (self.retry_after != NO_RETRY).then(|| Duration::from_micros(self.retry_after))
     }
 
     /// Time until the [constraining](Self::constraining) window frees its
     /// next slot (zero when that window is empty).
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_micros(self.reset_after)
     }
 
     /// Every window of the rule, shortest first.
     pub fn windows(&self) -> &[WindowState] {
-        &self.windows
+        self.windows.as_slice()
     }
 
     /// The window with the fewest requests remaining (ties: the shorter
     /// window): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
-        self.constraining_index().and_then(|i| self.windows.get(i))
+        self.constraining_index()
+            .and_then(|i| self.windows().get(i))
     }
 
     /// The index of the [constraining](Self::constraining) window in
     /// [`windows`](Self::windows).
     pub fn constraining_index(&self) -> Option<usize> {
-        constraining(self.windows.iter().map(|w| w.remaining))
+        constraining(self.windows().iter().map(|w| w.remaining))
     }
 }
 
@@ -384,10 +489,12 @@ pub trait Store: Send + Sync + 'static {
     fn check(&self, check: Check) -> Self::Future;
 
     /// Decides at once, when the store can (the memory store can): the
-    /// layer then answers without holding the request. The default gives
-    /// the check back, meaning "call [`check`](Self::check)".
-    fn check_now(&self, check: Check) -> Result<Result<Decision, StoreError>, Check> {
-        Err(check)
+    /// layer then answers without holding the request, and without making
+    /// an owned [`Check`]. The default, `None`, means "call
+    /// [`check`](Self::check)".
+    fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = check;
+        None
     }
 }
 
@@ -398,7 +505,7 @@ impl<S: Store> Store for Arc<S> {
         (**self).check(check)
     }
 
-    fn check_now(&self, check: Check) -> Result<Result<Decision, StoreError>, Check> {
+    fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
         (**self).check_now(check)
     }
 }
