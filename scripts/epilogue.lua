@@ -1,12 +1,13 @@
 -- The decision over the user's budget and the route's, with blocks.
 
-local function blocked_reply(wait)
-  local out = { 0, wait, wait, 1 }
-  for i = 1, UN + GN do out[4 + i] = 0 end
-  return out
-end
-
+-- (Defined only for rules with a block time: every closure costs each call.)
+local blocked_reply
 if block > 0 then
+  blocked_reply = function(wait)
+    local out = { 0, wait, wait, 1 }
+    for i = 1, UN + GN do out[4 + i] = 0 end
+    return out
+  end
   local blocked_until = tonumber(redis.call('GET', KEYS[2]))
   if blocked_until and blocked_until > now then
     return blocked_reply(blocked_until - now)
@@ -37,18 +38,9 @@ end
 -- Remaining per window, and the constraining window (fewest remaining;
 -- ties go to the user's budget, then to the shorter window).
 local out = { allowed, retry, 0, 0 }
-local best, least = 0, 0
-for i = 1, UN do
-  local r = remaining(UB, UN, US, i)
-  out[4 + i] = r
-  if best == 0 or r < least then best, least = i, r end
-end
+local best, least = fill(UB, UN, US, out, 4)
 local route_best, route_least = 0, 0
-for i = 1, GN do
-  local r = remaining(GB, GN, GS, i)
-  out[4 + UN + i] = r
-  if route_best == 0 or r < route_least then route_best, route_least = i, r end
-end
+if GS then route_best, route_least = fill(GB, GN, GS, out, 4 + UN) end
 if route_best > 0 and (best == 0 or route_least < least) then
   out[3] = reset(KEYS[3], GB, GN, GS, route_best)
 elseif best > 0 then

@@ -10,7 +10,7 @@ local function evaluate(key, B, N, S)
   local allowed, retry = true, 0
   for i = 1, N do
     local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
-    local k = idiv(now, d)
+    local k = floor(now / d)
     if S[N + i] ~= k then S[i] = 0 end
     S[N + i] = k
     if S[i] + cost > limit then
@@ -28,13 +28,21 @@ local function commit(key, B, N, S)
   local expires = now
   for i = 1, N do
     S[i] = S[i] + cost
-    expires = math.max(expires, (S[N + i] + 1) * V[B + 2 * i - 1])
+    local ends = (S[N + i] + 1) * V[B + 2 * i - 1]
+    if ends > expires then expires = ends end
   end
   save_state(key, B, N, S, 3, expires)
 end
 
-local function remaining(B, N, S, i)
-  return math.max(V[B + 2 * i] - S[i], 0)
+local function fill(B, N, S, out, o)
+  local best, least = 0, 0
+  for i = 1, N do
+    local r = V[B + 2 * i] - S[i]
+    if r < 0 then r = 0 end
+    out[o + i] = r
+    if best == 0 or r < least then best, least = i, r end
+  end
+  return best, least
 end
 
 local function reset(key, B, N, S, i)

@@ -22,6 +22,9 @@
 -- All arithmetic stays on integers below 2^53 (exact in Lua's doubles), and
 -- numbers are written with %d: Lua's default formatting keeps 14 digits and
 -- timestamps have 16. The Rust memory store computes the same functions.
+-- floor(a / b) is exact for integers 0 <= a < 2^53, b > 0: the quotient's
+-- distance to the next integer is at least 1/b, more than its rounding
+-- error, a/b * 2^-53, so rounding never crosses an integer.
 --
 -- Redis runs this whole chunk on every call, so it is written to allocate
 -- and convert little: the numbers are unpacked once into V; a budget is a
@@ -31,6 +34,7 @@
 -- would print a Lua number with %.14g).
 
 local fmt = string.format
+local floor, ceil, max = math.floor, math.ceil, math.max
 local packed = ARGV[1]
 -- ('<i8' repeated: one string to build, and each '<' is harmless)
 local V = { struct.unpack(string.rep('<i8', #packed / 8), packed) }
@@ -51,62 +55,12 @@ local UB, UN = 4, V[4]
 local GB = UB + 2 * UN + 1
 local GN = V[GB]
 
--- floor(a / b) for non-negative integers, exact even where the double
--- quotient rounds up to the next integer.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- Sets a key's TTL to end at `expires` (microseconds on the script's clock),
--- at least one millisecond.
-local function expire_at(key, expires)
-  redis.call('PEXPIRE', key, fmt('%d', math.max(math.ceil((expires - now) / 1000), 1) + ttl_pad))
-end
-
--- The counter algorithms keep a budget's state in one string: per window,
--- its length then `width - 1` numbers, all packed as struct 'i8' (no text to
--- format or parse). load_state puts field f of window i in S[(f-1)N + i]
--- (0 when the window is not stored: a new budget, or changed windows);
--- save_state writes them back with the key's TTL in the same SET.
-local function load_state(key, B, N, S, width)
-  for j = 1, (width - 1) * N do S[j] = 0 end
-  local raw = redis.call('GET', key)
-  if not raw then return end
-  local pos, d, x = 1
-  for _ = 1, math.floor(#raw / (8 * width)) do
-    d, pos = struct.unpack('<i8', raw, pos)
-    local at = 0
-    for i = 1, N do
-      if V[B + 2 * i - 1] == d then at = i end
-    end
-    for f = 1, width - 1 do
-      x, pos = struct.unpack('<i8', raw, pos)
-      if at > 0 then S[(f - 1) * N + at] = x end
-    end
-  end
-end
-
-local function save_state(key, B, N, S, width, expires)
-  local values = {}
-  for i = 1, N do
-    local at = (i - 1) * width
-    values[at + 1] = V[B + 2 * i - 1]
-    for f = 1, width - 1 do values[at + 1 + f] = S[(f - 1) * N + i] end
-  end
-  local ms = math.max(math.ceil((expires - now) / 1000), 1) + ttl_pad
-  redis.call('SET', key, struct.pack(string.rep('<i8', width * N), unpack(values)),
-    'PX', fmt('%d', ms))
-end
-
 -- Each algorithm defines, for a budget (key, B, N) with its state table S:
 --   evaluate(key, B, N, S) -> allowed, retry (the longest wait among its
 --     denying windows), filling S;
 --   commit(key, B, N, S) records the request;
---   remaining(B, N, S, i) and reset(key, B, N, S, i) for window i, read
---     after any commit.
+--   fill(B, N, S, out, o) -> best, least: writes the remaining of window i
+--     to out[o + i] and returns the constraining window (fewest remaining;
+--     ties: the shorter) and its remaining, read after any commit (one
+--     call per budget: Lua calls are what this script spends most on);
+--   reset(key, B, N, S, i) for window i.

@@ -8,6 +8,12 @@
 -- ZADD, PEXPIRE and one ZRANGE (for the reset). S[i] is the count of window
 -- i, S[N + 1] the size of the set.
 
+-- Sets a key's TTL to end at `expires` (microseconds on the script's clock),
+-- at least one millisecond.
+local function expire_at(key, expires)
+  redis.call('PEXPIRE', key, fmt('%d', max(ceil((expires - now) / 1000), 1) + ttl_pad))
+end
+
 -- The timestamp of the entry at `rank` (members are their own scores; the
 -- arithmetic converts the string once, tonumber would twice).
 local function entry_at(key, rank)
@@ -67,8 +73,15 @@ local function commit(key, B, N, S)
   expire_at(key, t - 1 + V[B + 2 * N - 1])
 end
 
-local function remaining(B, N, S, i)
-  return math.max(V[B + 2 * i] - S[i], 0)
+local function fill(B, N, S, out, o)
+  local best, least = 0, 0
+  for i = 1, N do
+    local r = V[B + 2 * i] - S[i]
+    if r < 0 then r = 0 end
+    out[o + i] = r
+    if best == 0 or r < least then best, least = i, r end
+  end
+  return best, least
 end
 
 local function reset(key, B, N, S, i)

@@ -24,7 +24,7 @@ local function wait_for(prev, cur, d, elapsed, limit, k)
   end
   if used(p, c, d, base) + k <= limit then return offset end
   local room = limit - c - k
-  local e = math.ceil(d - room * d / p)
+  local e = ceil(d - room * d / p)
   if e < base then e = base end
   if e > d then e = d end
   while e > base and used(p, c, d, e - 1) + k <= limit do e = e - 1 end
@@ -37,7 +37,7 @@ local function evaluate(key, B, N, S)
   local allowed, retry = true, 0
   for i = 1, N do
     local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
-    local k = idiv(now, d)
+    local k = floor(now / d)
     local elapsed = now - k * d
     local sk = S[2 * N + i]
     local cur, prev = 0, 0
@@ -61,17 +61,26 @@ local function commit(key, B, N, S)
   for i = 1, N do
     S[i] = S[i] + cost
     -- The current count still weighs in during the next window.
-    expires = math.max(expires, (S[2 * N + i] + 2) * V[B + 2 * i - 1])
+    local ends = (S[2 * N + i] + 2) * V[B + 2 * i - 1]
+    if ends > expires then expires = ends end
   end
   save_state(key, B, N, S, 4, expires)
 end
 
-local function remaining(B, N, S, i)
-  local u = used(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i])
-  return math.floor(math.max(V[B + 2 * i] - u, 0))
+local function fill(B, N, S, out, o)
+  local best, least = 0, 0
+  for i = 1, N do
+    local d = V[B + 2 * i - 1]
+    local u = S[N + i] * (d - S[3 * N + i]) / d + S[i]
+    local r = floor(max(V[B + 2 * i] - u, 0))
+    out[o + i] = r
+    if best == 0 or r < least then best, least = i, r end
+  end
+  return best, least
 end
 
 local function reset(key, B, N, S, i)
+  local u = used(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i])
   return wait_for(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i], V[B + 2 * i],
-    remaining(B, N, S, i) + 1)
+    floor(max(V[B + 2 * i] - u, 0)) + 1)
 end

@@ -11,10 +11,10 @@ local function evaluate(key, B, N, S)
   local allowed, retry = true, 0
   for i = 1, N do
     local d, size = V[B + 2 * i - 1], V[B + 2 * i]
-    local t = idiv(d, size)
-    if t * size < d then t = t + 1 end
+    local t = ceil(d / size) -- exact, as floor (see the prelude)
     if t < 1 then t = 1 end
-    local tat = math.max(S[i], now)
+    local tat = S[i]
+    if tat < now then tat = now end
     S[i], S[N + i] = tat, t
     local nxt = tat + cost * t
     if nxt - now > size * t then
@@ -31,19 +31,28 @@ local function commit(key, B, N, S)
   local expires = now
   for i = 1, N do
     S[i] = S[i] + cost * S[N + i]
-    expires = math.max(expires, S[i])
+    if S[i] > expires then expires = S[i] end
   end
   save_state(key, B, N, S, 2, expires)
 end
 
-local function remaining(B, N, S, i)
-  local t = S[N + i]
-  return idiv(math.max(V[B + 2 * i] * t - (S[i] - now), 0), t)
+-- The tokens left: floor((size*t - (TAT - now)) / t), at least 0.
+local function fill(B, N, S, out, o)
+  local best, least = 0, 0
+  for i = 1, N do
+    local t = S[N + i]
+    local a = V[B + 2 * i] * t - (S[i] - now)
+    local r = 0
+    if a > 0 then r = floor(a / t) end
+    out[o + i] = r
+    if best == 0 or r < least then best, least = i, r end
+  end
+  return best, least
 end
 
 local function reset(key, B, N, S, i)
-  local size = V[B + 2 * i]
-  local left = remaining(B, N, S, i)
+  local size, t = V[B + 2 * i], S[N + i]
+  local left = floor(max(size * t - (S[i] - now), 0) / t)
   if left >= size then return 0 end
-  return math.max(S[i] - now - (size - left - 1) * S[N + i], 0)
+  return max(S[i] - now - (size - left - 1) * t, 0)
 end

@@ -18,7 +18,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 specs=()
 for algorithm in ${ALGORITHMS:-sliding_log}; do
-  cat scripts/prelude.lua "scripts/$algorithm.lua" scripts/epilogue.lua > "$work/$algorithm.lua"
+  state=""
+  [ "$algorithm" != sliding_log ] && state=scripts/counter_state.lua
+  cat scripts/prelude.lua $state "scripts/$algorithm.lua" scripts/epilogue.lua > "$work/$algorithm.lua"
   specs+=("store:$work/$algorithm.lua")
 done
 specs+=(per-window:scripts/per_window_baseline.lua)

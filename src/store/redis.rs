@@ -75,10 +75,10 @@ use super::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
 use crate::rules::Algorithm;
 
 macro_rules! script {
-    ($file:literal) => {
+    ($($file:literal),+) => {
         concat!(
             include_str!("../../scripts/prelude.lua"),
-            include_str!(concat!("../../scripts/", $file)),
+            $(include_str!(concat!("../../scripts/", $file)),)+
             include_str!("../../scripts/epilogue.lua")
         )
     };
@@ -87,12 +87,12 @@ macro_rules! script {
 /// The sliding-log script (`scripts/prelude.lua` + `scripts/sliding_log.lua`
 /// + `scripts/epilogue.lua`).
 pub const SLIDING_LOG_LUA: &str = script!("sliding_log.lua");
-/// The sliding-window-counter script.
-pub const SLIDING_WINDOW_LUA: &str = script!("sliding_window.lua");
-/// The fixed-window script.
-pub const FIXED_WINDOW_LUA: &str = script!("fixed_window.lua");
-/// The token-bucket (GCRA) script.
-pub const TOKEN_BUCKET_LUA: &str = script!("token_bucket.lua");
+/// The sliding-window-counter script (with `scripts/counter_state.lua`).
+pub const SLIDING_WINDOW_LUA: &str = script!("counter_state.lua", "sliding_window.lua");
+/// The fixed-window script (with `scripts/counter_state.lua`).
+pub const FIXED_WINDOW_LUA: &str = script!("counter_state.lua", "fixed_window.lua");
+/// The token-bucket (GCRA) script (with `scripts/counter_state.lua`).
+pub const TOKEN_BUCKET_LUA: &str = script!("counter_state.lua", "token_bucket.lua");
 
 /// One script per algorithm, hashed once.
 struct Scripts([Script; 4]);
