@@ -24,8 +24,21 @@ pub const MAX_ENCODED: usize = 128;
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
+/// Bytes written as they are; every other byte is percent-encoded.
+const UNRESERVED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        table[i] = b.is_ascii_alphanumeric()
+            || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@' | b'+' | b'=');
+        i += 1;
+    }
+    table
+};
+
 fn unreserved(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@' | b'+' | b'=')
+    UNRESERVED[usize::from(b)]
 }
 
 /// The length `bytes` has once percent-encoded.
@@ -40,6 +53,13 @@ fn encoded_len(bytes: &[u8]) -> usize {
 /// writers used here (a `String`, or an `ArrayString` sized for the
 /// longest key) cannot fail.
 pub(crate) fn push_encoded(out: &mut impl Write, bytes: &[u8]) {
+    // The common case (an IP address, an API key): nothing to escape.
+    if bytes.len() <= MAX_ENCODED && bytes.iter().all(|&b| unreserved(b)) {
+        if let Ok(plain) = std::str::from_utf8(bytes) {
+            let _ = out.write_str(plain);
+            return;
+        }
+    }
     if encoded_len(bytes) > MAX_ENCODED {
         let digest = Sha256::digest(bytes);
         let _ = out.write_char('#');
