@@ -244,34 +244,34 @@ struct Sample {
 /// are made once, a request is one `write`, a response one `read` parsed
 /// in place (status, `Content-Length` or chunked), so the generator costs
 /// the core it shares with Redis as little as it can.
-async fn load(port: u16, connections: usize, seconds: f64) -> (u64, u64, Vec<u32>) {
+async fn load(port: u16, pool: &mut [Option<Conn>], seconds: f64) -> (u64, u64, Vec<u32>) {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let connections = pool.len();
     let mut tasks = tokio::task::JoinSet::new();
-    for c in 0..connections {
+    for (c, slot) in pool.iter_mut().enumerate() {
+        let conn = slot.take();
         tasks.spawn(async move {
-            let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            // This connection's users: c + k * connections (mod USERS).
-            let requests: Vec<Vec<u8>> = (1..=USERS.div_ceil(connections))
-                .map(|k| {
-                    let user = (c + k * connections) % USERS;
-                    format!("GET /api HTTP/1.1\r\nhost: localhost\r\nx-user: u{user}\r\n\r\n")
-                        .into_bytes()
-                })
-                .collect();
-            let mut buffer = Vec::with_capacity(8192);
-            let mut latencies = Vec::with_capacity(200_000);
+            let mut latencies = Vec::with_capacity(100_000);
             let (mut ok, mut other) = (0u64, 0u64);
-            for request in requests.iter().cycle() {
+            let conn = match conn {
+                Some(conn) => Some(conn),
+                None => Conn::open(port, c, connections).await,
+            };
+            let Some(mut conn) = conn else {
+                return (c, None, ok, other, latencies);
+            };
+            loop {
                 let started = Instant::now();
                 if started >= deadline {
                     break;
                 }
-                if stream.write_all(request).await.is_err() {
-                    break;
+                let request = &conn.requests[conn.next % conn.requests.len()];
+                conn.next += 1;
+                if conn.stream.write_all(request).await.is_err() {
+                    return (c, None, ok, other, latencies);
                 }
-                let Some(status) = read_response(&mut stream, &mut buffer).await else {
-                    break;
+                let Some(status) = read_response(&mut conn.stream, &mut conn.buffer).await else {
+                    return (c, None, ok, other, latencies);
                 };
                 latencies.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
                 if (200..300).contains(&status) {
@@ -280,17 +280,49 @@ async fn load(port: u16, connections: usize, seconds: f64) -> (u64, u64, Vec<u32
                     other += 1;
                 }
             }
-            (ok, other, latencies)
+            (c, Some(conn), ok, other, latencies)
         });
     }
     let (mut ok, mut other, mut all) = (0, 0, Vec::new());
     while let Some(result) = tasks.join_next().await {
-        let (o, x, l) = result.unwrap();
+        let (c, conn, o, x, l) = result.unwrap();
+        pool[c] = conn;
         ok += o;
         other += x;
         all.extend(l);
     }
     (ok, other, all)
+}
+
+/// One keep-alive connection of the load generator. It is kept from one
+/// pass to the next, so no scenario pays for connecting inside a pass.
+struct Conn {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    /// This connection's requests, made once: its users are
+    /// `c + k * connections` (mod USERS).
+    requests: Vec<Vec<u8>>,
+    next: usize,
+}
+
+impl Conn {
+    async fn open(port: u16, c: usize, connections: usize) -> Option<Conn> {
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        stream.set_nodelay(true).ok()?;
+        let requests = (1..=USERS.div_ceil(connections))
+            .map(|k| {
+                let user = (c + k * connections) % USERS;
+                format!("GET /api HTTP/1.1\r\nhost: localhost\r\nx-user: u{user}\r\n\r\n")
+                    .into_bytes()
+            })
+            .collect();
+        Some(Conn {
+            stream,
+            buffer: Vec::with_capacity(8192),
+            requests,
+            next: 0,
+        })
+    }
 }
 
 /// Reads one HTTP/1.1 response from `stream` (bytes already in `buffer`
@@ -693,8 +725,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // One pool of connections per server, kept for the whole run.
+    let mut pools: Vec<Vec<Option<Conn>>> = servers
+        .iter()
+        .map(|_| (0..connections).map(|_| None).collect())
+        .collect();
     // Wait for every server, then warm each up.
-    for (_, port, _) in &servers {
+    for ((_, port, _), pool) in servers.iter().zip(&mut pools) {
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
             assert!(
@@ -703,7 +740,7 @@ fn main() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        runtime.block_on(load(*port, connections, 1.0));
+        runtime.block_on(load(*port, pool, 1.0));
     }
     let ticks_per_second = 100.0; // USER_HZ on Linux
     let mut samples: Vec<Vec<Sample>> = scenarios.iter().map(|_| Vec::new()).collect();
@@ -720,7 +757,8 @@ fn main() {
             let redis_before = cpu_ticks(redis_pid);
             let client_before = cpu_ticks(own_pid);
             let started = Instant::now();
-            let (ok, other, mut latencies) = runtime.block_on(load(*port, connections, seconds));
+            let (ok, other, mut latencies) =
+                runtime.block_on(load(*port, &mut pools[i], seconds));
             let elapsed = started.elapsed().as_secs_f64();
             let cpu = (cpu_ticks(child.id()) - cpu_before) as f64 / ticks_per_second;
             let redis_cpu = (cpu_ticks(redis_pid) - redis_before) as f64 / ticks_per_second;
