@@ -267,11 +267,18 @@ async fn load(port: u16, pool: &mut [Option<Conn>], seconds: f64) -> (u64, u64, 
                 }
                 let request = &conn.requests[conn.next % conn.requests.len()];
                 conn.next += 1;
-                if conn.stream.write_all(request).await.is_err() {
-                    return (c, None, ok, other, latencies);
-                }
-                let Some(status) = read_response(&mut conn.stream, &mut conn.buffer).await else {
-                    return (c, None, ok, other, latencies);
+                let sent = conn.stream.write_all(request).await.is_ok();
+                let status = match sent {
+                    true => read_response(&mut conn.stream, &mut conn.buffer).await,
+                    false => None,
+                };
+                let Some(status) = status else {
+                    // A connection the server closed: open another and go on.
+                    match Conn::open(port, c, connections).await {
+                        Some(fresh) => conn = fresh,
+                        None => return (c, None, ok, other, latencies),
+                    }
+                    continue;
                 };
                 latencies.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
                 if (200..300).contains(&status) {

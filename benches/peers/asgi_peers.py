@@ -75,8 +75,10 @@ def async_ratelimit(url):
 def main():
     name, port, url = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     app = {"asgi-ratelimit": asgi_ratelimit, "async-ratelimit": async_ratelimit}[name](url)
+    # The harness keeps its connections across passes (idle for seconds in
+    # between), as axum does by default; uvicorn would close them after 5 s.
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, timeout_keep_alive=600)
 
 
 if __name__ == "__main__":
