@@ -764,8 +764,7 @@ fn main() {
             let redis_before = cpu_ticks(redis_pid);
             let client_before = cpu_ticks(own_pid);
             let started = Instant::now();
-            let (ok, other, mut latencies) =
-                runtime.block_on(load(*port, &mut pools[i], seconds));
+            let (ok, other, mut latencies) = runtime.block_on(load(*port, &mut pools[i], seconds));
             let elapsed = started.elapsed().as_secs_f64();
             let cpu = (cpu_ticks(child.id()) - cpu_before) as f64 / ticks_per_second;
             let redis_cpu = (cpu_ticks(redis_pid) - redis_before) as f64 / ticks_per_second;
