@@ -76,4 +76,7 @@ pub use layer::{FailMode, RateLimitLayer, DEFAULT_DENIAL_CACHE};
 pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder, Window};
 pub use service::{RateLimit, ResponseFuture};
 pub use store::MemoryStore;
-pub use store::{Check, Decision, GlobalCheck, Store, StoreError, StoreErrorKind, WindowState};
+pub use store::{
+    Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError, StoreErrorKind,
+    WindowState,
+};

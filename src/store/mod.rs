@@ -160,6 +160,19 @@ impl Check {
 /// A [`Check`] borrowed from the layer's rule table: what a store that
 /// decides at once needs, made per request without allocating anything
 /// (the budget key lives on the stack).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{Check, MemoryStore, Store, Window};
+///
+/// let store = MemoryStore::new();
+/// let check = Check::new("r1:alice", [Window::new(Duration::from_secs(1), 1)?]);
+/// // The memory store decides at once, on the borrowed check.
+/// let first = store.check_now(&check.as_ref()).expect("decides at once")?;
+/// let second = store.check_now(&check.as_ref()).expect("decides at once")?;
+/// assert!(first.allowed() && !second.allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct CheckRef<'a> {
