@@ -73,17 +73,6 @@ local function commit(key, B, N, S)
   expire_at(key, t - 1 + V[B + 2 * N - 1])
 end
 
-local function fill(B, N, S, out, o)
-  local best, least = 0, 0
-  for i = 1, N do
-    local r = V[B + 2 * i] - S[i]
-    if r < 0 then r = 0 end
-    out[o + i] = r
-    if best == 0 or r < least then best, least = i, r end
-  end
-  return best, least
-end
-
 local function reset(key, B, N, S, i)
   if S[i] == 0 then return 0 end
   return entry_at(key, S[N + 1] - S[i]) + V[B + 2 * i - 1] - now

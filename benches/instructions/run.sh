@@ -18,9 +18,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 specs=()
 for algorithm in ${ALGORITHMS:-sliding_log}; do
-  state=""
-  [ "$algorithm" != sliding_log ] && state=scripts/counter_state.lua
-  cat scripts/prelude.lua $state "scripts/$algorithm.lua" scripts/epilogue.lua > "$work/$algorithm.lua"
+  # The same files, in the same order, as src/store/redis.rs puts together.
+  case $algorithm in
+    sliding_log) parts="sliding_log count_fill" ;;
+    fixed_window) parts="counter_state fixed_window count_fill" ;;
+    *) parts="counter_state $algorithm" ;;
+  esac
+  for part in prelude $parts epilogue; do cat "scripts/$part.lua"; done > "$work/$algorithm.lua"
   specs+=("store:$work/$algorithm.lua")
 done
 specs+=(per-window:scripts/per_window_baseline.lua)

@@ -85,12 +85,14 @@ macro_rules! script {
 }
 
 /// The sliding-log script (`scripts/prelude.lua` + `scripts/sliding_log.lua`
-/// + `scripts/epilogue.lua`).
-pub const SLIDING_LOG_LUA: &str = script!("sliding_log.lua");
+/// + `scripts/count_fill.lua` + `scripts/epilogue.lua`).
+pub const SLIDING_LOG_LUA: &str = script!("sliding_log.lua", "count_fill.lua");
 /// The sliding-window-counter script (with `scripts/counter_state.lua`).
 pub const SLIDING_WINDOW_LUA: &str = script!("counter_state.lua", "sliding_window.lua");
-/// The fixed-window script (with `scripts/counter_state.lua`).
-pub const FIXED_WINDOW_LUA: &str = script!("counter_state.lua", "fixed_window.lua");
+/// The fixed-window script (with `scripts/counter_state.lua` and
+/// `scripts/count_fill.lua`).
+pub const FIXED_WINDOW_LUA: &str =
+    script!("counter_state.lua", "fixed_window.lua", "count_fill.lua");
 /// The token-bucket (GCRA) script (with `scripts/counter_state.lua`).
 pub const TOKEN_BUCKET_LUA: &str = script!("counter_state.lua", "token_bucket.lua");
 
