@@ -1,8 +1,11 @@
-//! Micro-benchmarks: the memory store's check, and the whole layer on the
-//! memory store (route matching, identity, check, headers), allowed,
-//! denied and unmatched, with 10 and 100 routes. Set
+//! Micro-benchmarks: the memory store's check (the borrowed check the layer
+//! makes: one hot budget, 100,000 budgets, 2 threads); the whole layer on
+//! the memory store (route matching, identity, check, headers), allowed,
+//! denied and unmatched, with 10 and 100 routes (unmatched is route
+//! matching alone); decision -> headers (the layer with its headers on,
+//! less the layer with them off). Set
 //! `TOWER_RATELIMIT_BENCH_REDIS=redis://127.0.0.1:6379` to add the Redis
-//! store's check.
+//! store's check, per algorithm.
 //!
 //! ```sh
 //! cargo bench --bench micro
@@ -21,7 +24,9 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt};
 use tower_ratelimit::identity::Global;
-use tower_ratelimit::{Check, MemoryStore, RateLimitLayer, Rule, Rules, Store, Window};
+use tower_ratelimit::{
+    Algorithm, Check, HeaderMode, MemoryStore, RateLimitLayer, Rule, Rules, Store, Window,
+};
 
 fn windows() -> Arc<[Window]> {
     [
@@ -37,23 +42,18 @@ fn memory_store(c: &mut Criterion) {
     let store = MemoryStore::new();
     // A tiny window keeps the hot budget's log short, as in steady state.
     let hot: Arc<[Window]> = [Window::new(Duration::from_millis(1), u32::MAX).unwrap()].into();
+    let alice = Check::new("r0123456789abcdef:alice", hot.clone());
     group.bench_function("hot_budget", |b| {
-        b.iter(|| {
-            store
-                .check(Check::new("r0123456789abcdef:alice", hot.clone()))
-                .now_or_never()
-        })
+        b.iter(|| store.check_now(&alice.as_ref()))
     });
-    let budgets: Vec<String> = (0..100_000)
-        .map(|i| format!("r0123456789abcdef:user{i}"))
+    let budgets: Vec<Check> = (0..100_000)
+        .map(|i| Check::new(format!("r0123456789abcdef:user{i}"), hot.clone()))
         .collect();
     let mut i = 0;
     group.bench_function("100k_budgets", |b| {
         b.iter(|| {
             i = (i + 1) % budgets.len();
-            store
-                .check(Check::new(budgets[i].as_str(), hot.clone()))
-                .now_or_never()
+            store.check_now(&budgets[i].as_ref())
         })
     });
     group.bench_function("2_threads_distinct_budgets", |b| {
@@ -64,11 +64,9 @@ fn memory_store(c: &mut Criterion) {
                     let store = store.clone();
                     let hot = hot.clone();
                     s.spawn(move || {
-                        let budget = format!("r0123456789abcdef:thread{t}");
+                        let check = Check::new(format!("r0123456789abcdef:thread{t}"), hot);
                         for _ in 0..iters {
-                            let _ = store
-                                .check(Check::new(budget.as_str(), hot.clone()))
-                                .now_or_never();
+                            let _ = store.check_now(&check.as_ref());
                         }
                     });
                 }
@@ -123,6 +121,43 @@ fn layer(c: &mut Criterion) {
     group.finish();
 }
 
+/// Decision -> headers: the same allowed request through the layer with
+/// its `X-RateLimit-*` headers on and off; the difference is what making
+/// and adding the headers costs.
+fn headers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("headers");
+    for mode in [HeaderMode::X, HeaderMode::None, HeaderMode::Both] {
+        let inner = tower::service_fn(|_req: Request<()>| {
+            ready(Ok::<_, Infallible>(Response::new(Full::new(
+                Bytes::from_static(b"ok"),
+            ))))
+        });
+        let rules = Rules::builder()
+            .route("^/hot", [Rule::new().second(u32::MAX).minute(u32::MAX)])
+            .headers(mode)
+            .build()
+            .unwrap();
+        let mut service = tower::ServiceBuilder::new()
+            .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(Global))
+            .service(inner);
+        let name = match mode {
+            HeaderMode::X => "x_ratelimit",
+            HeaderMode::None => "none",
+            _ => "x_and_ietf",
+        };
+        // Limits that never deny; their numbers are large, the slower case
+        // of formatting (small ones are static header values).
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let request = Request::builder().uri("/hot").body(()).unwrap();
+                let ready = service.ready().now_or_never().unwrap().unwrap();
+                ready.call(request).now_or_never().unwrap().unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 fn redis_store(c: &mut Criterion) {
     let Ok(url) = std::env::var("TOWER_RATELIMIT_BENCH_REDIS") else {
         return;
@@ -138,15 +173,28 @@ fn redis_store(c: &mut Criterion) {
             .unwrap()
     });
     let windows = windows();
-    let users: Vec<String> = (0..10_000).map(|i| format!("bench:user{i}")).collect();
-    let mut i = 0;
-    c.bench_function("redis_check/sliding_log_3_windows", |b| {
-        b.to_async(&runtime).iter(|| {
-            i = (i + 1) % users.len();
-            store.check(Check::new(users[i].as_str(), windows.clone()))
-        })
-    });
+    let mut group = c.benchmark_group("redis_check_3_windows");
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let checks: Vec<Check> = (0..10_000)
+            .map(|i| {
+                Check::new(format!("bench:user{i}"), windows.clone()).with_algorithm(algorithm)
+            })
+            .collect();
+        let mut i = 0;
+        group.bench_function(algorithm.as_str(), |b| {
+            b.to_async(&runtime).iter(|| {
+                i = (i + 1) % checks.len();
+                store.check(checks[i].clone())
+            })
+        });
+    }
+    group.finish();
 }
 
-criterion_group!(benches, memory_store, layer, redis_store);
+criterion_group!(benches, memory_store, layer, headers, redis_store);
 criterion_main!(benches);
