@@ -221,18 +221,21 @@ struct Checked<'a> {
 /// What a request waiting for an asynchronous store keeps of its check.
 struct Held {
     policy: Arc<Policy>,
-    check: Check,
+    budget: Arc<str>,
+    cost: u32,
     started: Instant,
+    /// A copy of the check, kept only for [`FailMode::Fallback`].
+    retry: Option<Check>,
 }
 
 impl Held {
     fn checked(&self) -> Checked<'_> {
         Checked {
             policy: &self.policy,
-            budget: &self.check.budget,
-            cost: self.check.cost,
+            budget: &self.budget,
+            cost: self.cost,
             started: Some(self.started),
-            retry: Some(self.check.as_ref()),
+            retry: self.retry.as_ref().map(Check::as_ref),
         }
     }
 }
@@ -331,8 +334,10 @@ impl<St: Store, I> Shared<St, I> {
         };
         let held = Held {
             policy: policy.clone(),
-            check: check.clone(),
+            budget: check.budget.clone(),
+            cost,
             started: Instant::now(),
+            retry: self.state.fallback.as_ref().map(|_| check.clone()),
         };
         Verdict::Wait(self.store.check(check), held)
     }
