@@ -8,6 +8,8 @@
 -- save_state writes them back with the key's TTL in the same SET.
 local function load_state(key, B, N, S, width)
   local raw = redis.call('GET', key)
+  -- (Without a stored state nothing is read from R: V stands in for it, so
+  -- no empty table is made.)
   local R = raw and { struct.unpack(string.rep('<i8', floor(#raw / 8)), raw) } or V
   local stored = raw and floor(#raw / (8 * width)) or 0
   for i = 1, N do
