@@ -110,9 +110,9 @@ async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) ->
         .unwrap_or("-")
         .to_owned();
     let mut inv = c.script.prepare_invoke();
-    inv.key(format!("ceil:{{r:{user}}}:l"))
-        .key(format!("ceil:{{r:{user}}}:b"))
-        .arg(&c.args[..]);
+    // The keys the store passes for this check: the state alone (no block
+    // time, no route-wide windows).
+    inv.key(format!("ceil:{{r:{user}}}:l")).arg(&c.args[..]);
     let mut conn = c.conn.clone();
     match inv.invoke_async::<Vec<i64>>(&mut conn).await {
         Ok(reply) if reply.first() == Some(&1) => next.run(request).await,

@@ -98,11 +98,12 @@ async fn sliding_log(
     user: usize,
     windows: &[Window],
 ) -> i64 {
-    // The store's layout (scripts/prelude.lua): state and block keys, then
+    // The store's layout (scripts/prelude.lua): the state key (no block time),
+    // then
     // the packed numbers (TIME, cost 1, no block, the windows).
     let args = script_args(&Check::new("-", windows.to_vec()));
     let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
-    inv.key(format!("{prefix}:{{u{user}}}:b")).arg(args);
+    inv.arg(args);
     let r: Vec<i64> = inv.invoke_async(conn).await.unwrap();
     r[0]
 }

@@ -1,41 +1,73 @@
 -- State of the counter algorithms (fixed window, sliding window, token
--- bucket), between prelude.lua and the algorithm.
+-- bucket), between prelude.lua and the algorithm. Both helpers capture no
+-- variable (a captured variable costs every call; these take parameters)
+-- and run once per call.
 
 -- The counter algorithms keep a budget's state in one string: per window,
 -- its length then `width - 1` numbers, all packed as struct 'i8' (no text to
--- format or parse). load_state puts field f of window i in S[(f-1)N + i]
--- (0 when the window is not stored: a new budget, or changed windows);
--- save_state writes them back with the key's TTL in the same SET.
-local function load_state(key, B, N, S, width)
-  local raw = redis.call('GET', key)
-  -- (Without a stored state nothing is read from R: V stands in for it, so
-  -- no empty table is made.)
-  local R = raw and { struct.unpack(string.rep('<i8', floor(#raw / 8)), raw) } or V
-  local stored = raw and floor(#raw / (8 * width)) or 0
-  for i = 1, N do
-    local d = V[B + 2 * i - 1]
-    -- Usually the stored windows are the check's, in order.
-    local at = (i - 1) * width
-    if i > stored or R[at + 1] ~= d then
-      at = -1
-      for j = 0, stored - 1 do
-        if R[j * width + 1] == d then at = j * width end
+-- format or parse). The state table S holds the windows of both budgets in
+-- the same way: window w's length at S[(w - 1) * width + 1], its field f at
+-- S[(w - 1) * width + 1 + f]. So in the usual case (one budget whose stored
+-- windows are the check's, in order) the unpacked string is S as it is, and
+-- saving packs S without a copy. A window not stored (a new budget, or
+-- changed windows) starts with every field 0.
+local function load_state(V, UN, GN, width)
+  local floor, unpack_i8 = math.floor, struct.unpack
+  local raw = redis.call('GET', KEYS[1])
+  local R, stored = nil, 0
+  if raw then
+    stored = floor(#raw / (8 * width))
+    R = { unpack_i8(string.rep('<i8', stored * width), raw) }
+    if GN == 0 and stored == UN then
+      local same = true
+      for w = 1, UN do
+        if R[(w - 1) * width + 1] ~= V[4 + 2 * w] then same = false end
       end
-    end
-    for f = 1, width - 1 do
-      S[(f - 1) * N + i] = at >= 0 and R[at + 1 + f] or 0
+      if same then return R end
     end
   end
+  local G, route_stored = nil, 0
+  if GN > 0 then
+    local route_raw = redis.call('GET', KEYS[3])
+    if route_raw then
+      route_stored = floor(#route_raw / (8 * width))
+      G = { unpack_i8(string.rep('<i8', route_stored * width), route_raw) }
+    end
+  end
+  local S = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  for w = 1, UN + GN do
+    local d, at = V[4 + 2 * w], (w - 1) * width
+    local T, n = R, stored
+    if w > UN then T, n = G, route_stored end
+    -- (the last window stored with this length)
+    local from = -1
+    for j = 0, n - 1 do
+      if T[j * width + 1] == d then from = j * width end
+    end
+    S[at + 1] = d
+    for f = 2, width do
+      S[at + f] = from >= 0 and T[from + f] or 0
+    end
+  end
+  return S
 end
 
-local function save_state(key, B, N, S, width, expires)
-  local values = {}
-  for i = 1, N do
-    local at = (i - 1) * width
-    values[at + 1] = V[B + 2 * i - 1]
-    for f = 1, width - 1 do values[at + 1 + f] = S[(f - 1) * N + i] end
+-- Writes the state of both budgets back, each in one SET whose TTL ends
+-- when the last of its windows may still count (out[4 + w] holds window w's
+-- end, in microseconds on the script's clock).
+local function save_state(S, out, width, UN, GN, now, pad)
+  local first, n, key = 1, UN, KEYS[1]
+  while true do
+    local expires = now
+    for w = first, first + n - 1 do
+      if out[4 + w] > expires then expires = out[4 + w] end
+    end
+    local ms = math.ceil((expires - now) / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('SET', key, struct.pack(string.rep('<i8', width * n),
+      unpack(S, width * (first - 1) + 1, width * (first + n - 1))),
+      'PX', string.format('%d', ms + pad))
+    if first > UN or GN == 0 then return end
+    first, n, key = UN + 1, GN, KEYS[3]
   end
-  local ms = max(ceil((expires - now) / 1000), 1) + ttl_pad
-  redis.call('SET', key, struct.pack(string.rep('<i8', width * N), unpack(values)),
-    'PX', fmt('%d', ms))
 end

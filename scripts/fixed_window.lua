@@ -3,37 +3,47 @@
 -- number, packed (see load_state). An allowed request costs GET and SET; a
 -- denied one GET.
 --
--- S[i] is the count of window i, S[N + i] its window number.
+-- S[3w - 1] is the count of window w, S[3w] its window number.
 
-local function evaluate(key, B, N, S)
-  load_state(key, B, N, S, 3)
-  local allowed, retry = true, 0
-  for i = 1, N do
-    local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
-    local k = floor(now / d)
-    if S[N + i] ~= k then S[i] = 0 end
-    S[N + i] = k
-    if S[i] + cost > limit then
-      allowed = false
-      -- The next window starts empty; a cost above the limit never fits.
-      local wait = (k + 1) * d - now
-      if cost > limit then wait = d end
-      if wait > retry then retry = wait end
-    end
+local S = load_state(V, UN, GN, 3)
+local user_ok, route_ok, retry = true, true, 0
+for w = 1, W do
+  local d, limit = V[4 + 2 * w], V[5 + 2 * w]
+  local k = (now - now % d) / d -- floor(now / d)
+  local count = S[3 * w - 1]
+  if S[3 * w] ~= k then
+    count = 0
+    S[3 * w - 1], S[3 * w] = 0, k
   end
-  return allowed, retry
-end
-
-local function commit(key, B, N, S)
-  local expires = now
-  for i = 1, N do
-    S[i] = S[i] + cost
-    local ends = (S[N + i] + 1) * V[B + 2 * i - 1]
-    if ends > expires then expires = ends end
+  if count + cost > limit then
+    if w > UN then route_ok = false else user_ok = false end
+    -- The next window starts empty; a cost above the limit never fits.
+    local wait = (k + 1) * d - now
+    if cost > limit then wait = d end
+    if wait > retry then retry = wait end
   end
-  save_state(key, B, N, S, 3, expires)
 end
 
-local function reset(key, B, N, S, i)
-  return (S[N + i] + 1) * V[B + 2 * i - 1] - now
+if user_ok and route_ok then
+  out[1] = 1
+  for w = 1, W do
+    S[3 * w - 1] = S[3 * w - 1] + cost
+    out[4 + w] = (S[3 * w] + 1) * V[4 + 2 * w] -- the window's end
+  end
+  save_state(S, out, 3, UN, GN, now, ttl_pad)
+elseif block_user and not user_ok then
+  return block_user(retry)
 end
+out[2] = retry
+
+-- Remaining = limit - count, at least 0, and the constraining window (the
+-- first with the fewest), which resets when it ends.
+local best, least = 0, 0
+for w = 1, W do
+  local r = V[5 + 2 * w] - S[3 * w - 1]
+  if r < 0 then r = 0 end
+  out[4 + w] = r
+  if best == 0 or r < least then best, least = w, r end
+end
+if best > 0 then out[3] = (S[3 * best] + 1) * V[4 + 2 * best] - now end
+return out

@@ -5,14 +5,9 @@
 -- both counted. An entry at t is in a window of length d while now < t + d.
 --
 -- An allowed request on 3 windows costs ZREMRANGEBYSCORE, ZCARD, 2 ZCOUNT,
--- ZADD, PEXPIRE and one ZRANGE (for the reset). S[i] is the count of window
--- i, S[N + 1] the size of the set.
-
--- Sets a key's TTL to end at `expires` (microseconds on the script's clock),
--- at least one millisecond.
-local function expire_at(key, expires)
-  redis.call('PEXPIRE', key, fmt('%d', max(ceil((expires - now) / 1000), 1) + ttl_pad))
-end
+-- ZADD, PEXPIRE and one ZRANGE (for the reset). C[w] is the count of window
+-- w; budget b (1: the user's, 2: the route's) holds windows first .. last,
+-- and its set's size is total[b]. A budget without windows is not touched.
 
 -- The timestamp of the entry at `rank` (members are their own scores; the
 -- arithmetic converts the string once, tonumber would twice).
@@ -21,59 +16,90 @@ local function entry_at(key, rank)
   return redis.call('ZRANGE', key, r, r)[1] + 0
 end
 
-local function evaluate(key, B, N, S)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now - V[B + 2 * N - 1]))
-  local total = redis.call('ZCARD', key)
-  S[N + 1] = total
-  local allowed, retry = true, 0
-  for i = 1, N do
-    local d = V[B + 2 * i - 1]
-    local count = total
-    if i < N and total > 0 then
-      count = redis.call('ZCOUNT', key, fmt('(%d', now - d), '+inf')
-    end
-    S[i] = count
-    local need = count + cost - V[B + 2 * i]
-    if need > 0 then
-      allowed = false
-      local wait = d
-      if need <= count then
-        -- The need-th oldest entry of the window must leave it.
-        wait = entry_at(key, total - count + need - 1) + d - now
+local C = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local total = { 0, 0 }
+local keys = { KEYS[1], KEYS[3] }
+local user_ok, route_ok, retry = true, true, 0
+for b = 1, 2 do
+  local first, last = 1, UN
+  if b == 2 then first, last = UN + 1, W end
+  local key = keys[b]
+  if first <= last then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now - V[4 + 2 * last]))
+    local n = redis.call('ZCARD', key)
+    total[b] = n
+    for w = first, last do
+      local d = V[4 + 2 * w]
+      local count = n
+      if w < last and n > 0 then
+        count = redis.call('ZCOUNT', key, fmt('(%d', now - d), '+inf')
       end
-      if wait > retry then retry = wait end
+      C[w] = count
+      local need = count + cost - V[5 + 2 * w]
+      if need > 0 then
+        if b == 2 then route_ok = false else user_ok = false end
+        local wait = d
+        if need <= count then
+          -- The need-th oldest entry of the window must leave it.
+          wait = entry_at(key, n - count + need - 1) + d - now
+        end
+        if wait > retry then retry = wait end
+      end
     end
   end
-  return allowed, retry
 end
 
-local function commit(key, B, N, S)
-  -- Try now .. now+cost-1 at once; members that exist are skipped (NX)
-  -- and the missing ones take the next free microseconds.
-  local t = now
-  local added = 0
-  if cost == 1 then
-    local s = fmt('%d', t)
-    added = redis.call('ZADD', key, 'NX', s, s)
-    t = t + 1
-  end
-  while added < cost do
-    local args = { 'NX' }
-    local upto = math.min(t + (cost - added), t + 512)
-    while t < upto do
-      local s = fmt('%d', t)
-      args[#args + 1] = s
-      args[#args + 1] = s
-      t = t + 1
+if user_ok and route_ok then
+  out[1] = 1
+  for b = 1, 2 do
+    local first, last = 1, UN
+    if b == 2 then first, last = UN + 1, W end
+    local key = keys[b]
+    if first <= last then
+      -- Try now .. now+cost-1 at once; members that exist are skipped (NX)
+      -- and the missing ones take the next free microseconds.
+      local t = now
+      local added = 0
+      if cost == 1 then
+        local s = fmt('%d', t)
+        added = redis.call('ZADD', key, 'NX', s, s)
+        t = t + 1
+      end
+      while added < cost do
+        local args = { 'NX' }
+        local upto = math.min(t + (cost - added), t + 512)
+        while t < upto do
+          local s = fmt('%d', t)
+          args[#args + 1] = s
+          args[#args + 1] = s
+          t = t + 1
+        end
+        added = added + redis.call('ZADD', key, unpack(args))
+      end
+      total[b] = total[b] + cost
+      for w = first, last do C[w] = C[w] + cost end
+      local ms = math.ceil((t - 1 + V[4 + 2 * last] - now) / 1000)
+      if ms < 1 then ms = 1 end
+      redis.call('PEXPIRE', key, fmt('%d', ms + ttl_pad))
     end
-    added = added + redis.call('ZADD', key, unpack(args))
   end
-  S[N + 1] = S[N + 1] + cost
-  for i = 1, N do S[i] = S[i] + cost end
-  expire_at(key, t - 1 + V[B + 2 * N - 1])
+elseif block_user and not user_ok then
+  return block_user(retry)
 end
+out[2] = retry
 
-local function reset(key, B, N, S, i)
-  if S[i] == 0 then return 0 end
-  return entry_at(key, S[N + 1] - S[i]) + V[B + 2 * i - 1] - now
+-- Remaining = limit - count, at least 0, and the constraining window (the
+-- first with the fewest), which resets when its oldest entry leaves it.
+local best, least = 0, 0
+for w = 1, W do
+  local r = V[5 + 2 * w] - C[w]
+  if r < 0 then r = 0 end
+  out[4 + w] = r
+  if best == 0 or r < least then best, least = w, r end
 end
+if best > 0 and C[best] > 0 then
+  local b = 1
+  if best > UN then b = 2 end
+  out[3] = entry_at(keys[b], total[b] - C[best]) + V[4 + 2 * best] - now
+end
+return out

@@ -5,8 +5,9 @@
 -- window, its current count, the previous window's count and the current
 -- window number, packed (see load_state). An allowed request: GET and SET.
 --
--- S[i] is the current count of window i, S[N + i] the previous one,
--- S[2N + i] the window number, S[3N + i] the time elapsed in it.
+-- S[4w - 2] is the current count of window w, S[4w - 1] the previous one,
+-- S[4w] the window number (so the time elapsed in it is now - S[4w] * d).
+-- Its two helpers run only for a denied request and for the reset.
 
 local function used(prev, cur, d, elapsed)
   return prev * (d - elapsed) / d + cur
@@ -24,7 +25,7 @@ local function wait_for(prev, cur, d, elapsed, limit, k)
   end
   if used(p, c, d, base) + k <= limit then return offset end
   local room = limit - c - k
-  local e = ceil(d - room * d / p)
+  local e = math.ceil(d - room * d / p)
   if e < base then e = base end
   if e > d then e = d end
   while e > base and used(p, c, d, e - 1) + k <= limit do e = e - 1 end
@@ -32,55 +33,53 @@ local function wait_for(prev, cur, d, elapsed, limit, k)
   return offset + e - base
 end
 
-local function evaluate(key, B, N, S)
-  load_state(key, B, N, S, 4)
-  local allowed, retry = true, 0
-  for i = 1, N do
-    local d, limit = V[B + 2 * i - 1], V[B + 2 * i]
-    local k = floor(now / d)
-    local elapsed = now - k * d
-    local sk = S[2 * N + i]
-    local cur, prev = 0, 0
-    if sk == k then
-      cur, prev = S[i], S[N + i]
-    elseif sk == k - 1 then
-      prev = S[i]
-    end
-    S[i], S[N + i], S[2 * N + i], S[3 * N + i] = cur, prev, k, elapsed
-    if used(prev, cur, d, elapsed) + cost > limit then
-      allowed = false
-      local wait = wait_for(prev, cur, d, elapsed, limit, cost)
-      if wait > retry then retry = wait end
-    end
+local S = load_state(V, UN, GN, 4)
+local user_ok, route_ok, retry = true, true, 0
+for w = 1, W do
+  local d, limit = V[4 + 2 * w], V[5 + 2 * w]
+  local elapsed = now % d
+  local k = (now - elapsed) / d -- floor(now / d)
+  local sk = S[4 * w]
+  local cur, prev = 0, 0
+  if sk == k then
+    cur, prev = S[4 * w - 2], S[4 * w - 1]
+  elseif sk == k - 1 then
+    prev = S[4 * w - 2]
   end
-  return allowed, retry
+  if sk ~= k then S[4 * w - 2], S[4 * w - 1], S[4 * w] = cur, prev, k end
+  if prev * (d - elapsed) / d + cur + cost > limit then -- used(...), inline
+    if w > UN then route_ok = false else user_ok = false end
+    local wait = wait_for(prev, cur, d, elapsed, limit, cost)
+    if wait > retry then retry = wait end
+  end
 end
 
-local function commit(key, B, N, S)
-  local expires = now
-  for i = 1, N do
-    S[i] = S[i] + cost
+if user_ok and route_ok then
+  out[1] = 1
+  for w = 1, W do
+    S[4 * w - 2] = S[4 * w - 2] + cost
     -- The current count still weighs in during the next window.
-    local ends = (S[2 * N + i] + 2) * V[B + 2 * i - 1]
-    if ends > expires then expires = ends end
+    out[4 + w] = (S[4 * w] + 2) * V[4 + 2 * w]
   end
-  save_state(key, B, N, S, 4, expires)
+  save_state(S, out, 4, UN, GN, now, ttl_pad)
+elseif block_user and not user_ok then
+  return block_user(retry)
 end
+out[2] = retry
 
-local function fill(B, N, S, out, o)
-  local best, least = 0, 0
-  for i = 1, N do
-    local d = V[B + 2 * i - 1]
-    local u = S[N + i] * (d - S[3 * N + i]) / d + S[i]
-    local r = floor(max(V[B + 2 * i] - u, 0))
-    out[o + i] = r
-    if best == 0 or r < least then best, least = i, r end
-  end
-  return best, least
+-- Remaining = floor(max(limit - used, 0)), and the constraining window (the
+-- first with the fewest), which resets when one more request fits.
+local best, least = 0, 0
+for w = 1, W do
+  local d = V[4 + 2 * w]
+  local r = V[5 + 2 * w] - (S[4 * w - 1] * (d - (now - S[4 * w] * d)) / d + S[4 * w - 2])
+  if r > 0 then r = r - r % 1 else r = 0 end
+  out[4 + w] = r
+  if best == 0 or r < least then best, least = w, r end
 end
-
-local function reset(key, B, N, S, i)
-  local u = used(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i])
-  return wait_for(S[N + i], S[i], V[B + 2 * i - 1], S[3 * N + i], V[B + 2 * i],
-    floor(max(V[B + 2 * i] - u, 0)) + 1)
+if best > 0 then
+  local d = V[4 + 2 * best]
+  out[3] = wait_for(S[4 * best - 1], S[4 * best - 2], d, now - S[4 * best] * d,
+    V[5 + 2 * best], least + 1)
 end
+return out

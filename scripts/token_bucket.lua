@@ -4,55 +4,55 @@
 -- cost c is allowed when max(TAT, now) + c*t - now <= n*t. An allowed
 -- request: GET and SET.
 --
--- S[i] is the TAT of window i, S[N + i] its t.
+-- S[2w] is the TAT of window w.
 
-local function evaluate(key, B, N, S)
-  load_state(key, B, N, S, 2)
-  local allowed, retry = true, 0
-  for i = 1, N do
-    local d, size = V[B + 2 * i - 1], V[B + 2 * i]
-    local t = ceil(d / size) -- exact, as floor (see the prelude)
-    if t < 1 then t = 1 end
-    local tat = S[i]
-    if tat < now then tat = now end
-    S[i], S[N + i] = tat, t
-    local nxt = tat + cost * t
-    if nxt - now > size * t then
-      allowed = false
-      local wait = nxt - now - size * t
-      if cost > size then wait = size * t end
-      if wait > retry then retry = wait end
-    end
+local S = load_state(V, UN, GN, 2)
+local user_ok, route_ok, retry = true, true, 0
+for w = 1, W do
+  local d, size = V[4 + 2 * w] - 1, V[5 + 2 * w]
+  local t = (d - d % size) / size + 1
+  local tat = S[2 * w]
+  if tat < now then
+    tat = now
+    S[2 * w] = now
   end
-  return allowed, retry
-end
-
-local function commit(key, B, N, S)
-  local expires = now
-  for i = 1, N do
-    S[i] = S[i] + cost * S[N + i]
-    if S[i] > expires then expires = S[i] end
+  local over = tat + cost * t - now - size * t
+  if over > 0 then
+    if w > UN then route_ok = false else user_ok = false end
+    if cost > size then over = size * t end
+    if over > retry then retry = over end
   end
-  save_state(key, B, N, S, 2, expires)
 end
 
--- The tokens left: floor((size*t - (TAT - now)) / t), at least 0.
-local function fill(B, N, S, out, o)
-  local best, least = 0, 0
-  for i = 1, N do
-    local t = S[N + i]
-    local a = V[B + 2 * i] * t - (S[i] - now)
-    local r = 0
-    if a > 0 then r = floor(a / t) end
-    out[o + i] = r
-    if best == 0 or r < least then best, least = i, r end
+if user_ok and route_ok then
+  out[1] = 1
+  for w = 1, W do
+    local d, size = V[4 + 2 * w] - 1, V[5 + 2 * w]
+    local tat = S[2 * w] + cost * ((d - d % size) / size + 1)
+    S[2 * w] = tat
+    out[4 + w] = tat
   end
-  return best, least
+  save_state(S, out, 2, UN, GN, now, ttl_pad)
+elseif block_user and not user_ok then
+  return block_user(retry)
 end
+out[2] = retry
 
-local function reset(key, B, N, S, i)
-  local size, t = V[B + 2 * i], S[N + i]
-  local left = floor(max(size * t - (S[i] - now), 0) / t)
-  if left >= size then return 0 end
-  return max(S[i] - now - (size - left - 1) * t, 0)
+-- The tokens left, floor((size*t - (TAT - now)) / t) and at least 0, and
+-- the constraining window (the first with the fewest): its reset is when
+-- one more token is back.
+local best, least, best_t = 0, 0, 1
+for w = 1, W do
+  local d, size = V[4 + 2 * w] - 1, V[5 + 2 * w]
+  local t = (d - d % size) / size + 1
+  local a = size * t - (S[2 * w] - now)
+  local r = 0
+  if a > 0 then r = (a - a % t) / t end
+  out[4 + w] = r
+  if best == 0 or r < least then best, least, best_t = w, r, t end
 end
+if best > 0 and least < V[5 + 2 * best] then
+  local wait = S[2 * best] - now - (V[5 + 2 * best] - least - 1) * best_t
+  if wait > 0 then out[3] = wait end
+end
+return out

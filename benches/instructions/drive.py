@@ -2,7 +2,7 @@
 
     python drive.py <port> <sha> <calls> <users> <store|per-window>
 
-`store`: the store's layout (state and block keys, the packed numbers of a
+`store`: the store's layout (the state key (no block key without a block time), the packed numbers of a
 3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of 1,000,000).
 `per-window`: scripts/per_window_baseline.lua's (one key per window).
 Users are drawn from a fixed seed, so every run sends the same calls.
@@ -18,7 +18,7 @@ port, sha, calls, users, layout = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3
                                    int(sys.argv[4]), sys.argv[5])
 windows = [(1_000_000, 1_000_000), (60_000_000, 1_000_000), (3_600_000_000, 1_000_000)]
 flat = [x for w in windows for x in w]
-packed = struct.pack("<" + "q" * 11, -1, 1, 0, len(windows), *flat, 0)
+packed = struct.pack("<" + "q" * 11, -1, 1, 0, len(windows), 0, *flat)
 rng = random.Random(1)
 pipe = redis.Redis(port=port).pipeline(transaction=False)
 for i in range(calls):
@@ -26,7 +26,7 @@ for i in range(calls):
     if layout == "per-window":
         pipe.evalsha(sha, 3, f"pw:{{{u}}}:1", f"pw:{{{u}}}:2", f"pw:{{{u}}}:3", "", 1, *flat)
     else:
-        pipe.evalsha(sha, 2, f"k:{{{u}}}:l", f"k:{{{u}}}:b", packed)
+        pipe.evalsha(sha, 1, f"k:{{{u}}}:l", packed)
     if i % 100 == 99:
         pipe.execute()
 pipe.execute()

@@ -20,11 +20,10 @@ specs=()
 for algorithm in ${ALGORITHMS:-sliding_log}; do
   # The same files, in the same order, as src/store/redis.rs puts together.
   case $algorithm in
-    sliding_log) parts="sliding_log count_fill" ;;
-    fixed_window) parts="counter_state fixed_window count_fill" ;;
+    sliding_log) parts="sliding_log" ;;
     *) parts="counter_state $algorithm" ;;
   esac
-  for part in prelude $parts epilogue; do cat "scripts/$part.lua"; done > "$work/$algorithm.lua"
+  for part in prelude $parts; do cat "scripts/$part.lua"; done > "$work/$algorithm.lua"
   specs+=("store:$work/$algorithm.lua")
 done
 specs+=(per-window:scripts/per_window_baseline.lua)
