@@ -128,6 +128,14 @@ impl Scripts {
     }
 }
 
+/// Which of a check's keys (see [`RedisStore::keys`]).
+#[derive(Clone, Copy)]
+enum KeyKind {
+    State,
+    Block,
+    Route,
+}
+
 /// The last part of a budget's key: algorithms never share state.
 fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -380,27 +388,34 @@ impl RedisStore {
     /// The Redis keys of a check: the user's state, the user's block marker,
     /// and the route-wide state (see the [key layout](self#key-layout)).
     pub fn keys(&self, check: &Check) -> [String; 3] {
+        [
+            self.key(check, KeyKind::State),
+            self.key(check, KeyKind::Block),
+            if check.global.is_some() {
+                self.key(check, KeyKind::Route)
+            } else {
+                String::new()
+            },
+        ]
+    }
+
+    /// One key of a check (see [`keys`](Self::keys)); the route's needs a
+    /// route-wide check.
+    fn key(&self, check: &Check, kind: KeyKind) -> String {
         let prefix = &*self.inner.prefix;
         let alg = suffix(check.algorithm);
-        match &check.global {
+        let budget = &check.budget;
+        match (&check.global, kind) {
             // Every key shares the route's tag, so the script may touch them
             // all on one Cluster node.
-            Some(global) => {
-                let tag = global.tag();
-                [
-                    format!("{prefix}:{{{tag}}}:{}:{alg}", check.budget),
-                    format!("{prefix}:{{{tag}}}:{}:b", check.budget),
-                    format!("{prefix}:{{{tag}}}:*:{alg}"),
-                ]
+            (Some(global), KeyKind::State) => {
+                format!("{prefix}:{{{}}}:{budget}:{alg}", global.tag())
             }
-            None => {
-                let budget = &check.budget;
-                [
-                    format!("{prefix}:{{{budget}}}:{alg}"),
-                    format!("{prefix}:{{{budget}}}:b"),
-                    String::new(),
-                ]
-            }
+            (Some(global), KeyKind::Block) => format!("{prefix}:{{{}}}:{budget}:b", global.tag()),
+            (Some(global), KeyKind::Route) => format!("{prefix}:{{{}}}:*:{alg}", global.tag()),
+            (None, KeyKind::State) => format!("{prefix}:{{{budget}}}:{alg}"),
+            (None, KeyKind::Block) => format!("{prefix}:{{{budget}}}:b"),
+            (None, KeyKind::Route) => String::new(),
         }
     }
 
@@ -408,17 +423,16 @@ impl RedisStore {
         let store = RedisStore {
             inner: inner.clone(),
         };
-        let [state, block, global] = store.keys(&check);
         let mut invocation = inner.scripts.get(check.algorithm).prepare_invoke();
         // The block marker only when the script may touch it, or as the
         // place holder before the route's key: every key costs Redis
-        // about 1,500 instructions per call.
-        invocation.key(state);
+        // about 1,500 instructions per call (and is one more string here).
+        invocation.key(store.key(&check, KeyKind::State));
         if check.block.is_some() || check.global.is_some() {
-            invocation.key(block);
+            invocation.key(store.key(&check, KeyKind::Block));
         }
         if check.global.is_some() {
-            invocation.key(global);
+            invocation.key(store.key(&check, KeyKind::Route));
         }
         invocation.arg(script_args(&check));
         let call = async {
