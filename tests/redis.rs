@@ -466,3 +466,67 @@ async fn fallback_limits_in_memory_while_redis_is_down() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A rule whose windows change keeps the state of the windows it keeps, on
+/// every algorithm, with the straight-line scripts (fixed window and token
+/// bucket without a block time) and the general ones, and agrees with the
+/// memory store.
+#[tokio::test]
+async fn changed_windows_keep_the_state_of_the_windows_they_keep() {
+    use tower_ratelimit::clock::Timestamp;
+    use tower_ratelimit::store::{Check, Store};
+    use tower_ratelimit::{Algorithm, MemoryStore, Window};
+    let redis = standalone().await;
+    let memory = MemoryStore::new();
+    let now = Timestamp::from_micros(1_700_000_000_123_456);
+    let w = |secs, limit| Window::new(Duration::from_secs(secs), limit).unwrap();
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        for block in [None, Some(Duration::from_secs(1))] {
+            let budget = format!("changed:{algorithm:?}:{}", block.is_some());
+            let check = |windows: Vec<Window>| {
+                let check = Check::new(budget.as_str(), windows)
+                    .with_algorithm(algorithm)
+                    .at(now);
+                match block {
+                    Some(block) => check.with_block(block),
+                    None => check,
+                }
+            };
+            let mut remaining = Vec::new();
+            for windows in [
+                vec![w(1, 5), w(60, 10)],
+                vec![w(1, 5), w(60, 10)],
+                // The minute stays; the second goes; the hour is new.
+                vec![w(60, 10), w(3600, 100)],
+                // Reordered and shrunk: the hour keeps its count.
+                vec![w(3600, 100)],
+            ] {
+                let on_redis = redis.check(check(windows.clone())).await.unwrap();
+                let in_memory = memory.check(check(windows)).await.unwrap();
+                let left: Vec<u32> = on_redis.windows().iter().map(|s| s.remaining).collect();
+                let memory_left: Vec<u32> =
+                    in_memory.windows().iter().map(|s| s.remaining).collect();
+                assert_eq!(left, memory_left, "{algorithm:?}, block {block:?}");
+                assert!(on_redis.allowed(), "{algorithm:?}, block {block:?}");
+                remaining.push(left);
+            }
+            // A sliding log keeps the requests themselves, so a new window
+            // counts the ones it covers; the counters start new windows
+            // empty.
+            let hour = match algorithm {
+                Algorithm::SlidingLog => 97,
+                _ => 99,
+            };
+            assert_eq!(
+                remaining,
+                [vec![4, 9], vec![3, 8], vec![7, hour], vec![hour - 1]],
+                "{algorithm:?}, block {block:?}"
+            );
+        }
+    }
+}

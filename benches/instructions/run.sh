@@ -5,7 +5,7 @@
 # per-window script (BENCHMARKS.md).
 #
 #   bash benches/instructions/run.sh        # CALLS=20000 USERS=1000 PYTHON=...
-#   ALGORITHMS="sliding_log sliding_window fixed_window token_bucket" bash benches/instructions/run.sh
+#   ALGORITHMS="sliding_log sliding_window fixed_window token_bucket" GENERAL=1 bash benches/instructions/run.sh
 #
 # Needs valgrind, redis-server and a Python with `redis`
 # (benches/peers/requirements.txt).
@@ -17,14 +17,18 @@ PYTHON=${PYTHON:-.venv-bench/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 specs=()
+# The scripts the store runs for a 3-window check without route-wide windows
+# or block time (`cargo run --example lua`): the straight-line ones for the
+# fixed window and token bucket, and with GENERAL=1 the general ones too.
+cargo build -q --release --example lua
 for algorithm in ${ALGORITHMS:-sliding_log}; do
-  # The same files, in the same order, as src/store/redis.rs puts together.
-  case $algorithm in
-    sliding_log) parts="sliding_log" ;;
-    *) parts="counter_state $algorithm" ;;
-  esac
-  for part in prelude $parts; do cat "scripts/$part.lua"; done > "$work/$algorithm.lua"
+  name=${algorithm//_/-}
+  target/release/examples/lua "$name" 3 > "$work/$algorithm.lua"
   specs+=("store:$work/$algorithm.lua")
+  if [ -n "${GENERAL:-}" ] && [ "$algorithm" != sliding_log ] && [ "$algorithm" != sliding_window ]; then
+    target/release/examples/lua "$name" 3 --general > "$work/$algorithm-general.lua"
+    specs+=("store:$work/$algorithm-general.lua")
+  fi
 done
 specs+=(per-window:scripts/per_window_baseline.lua)
 for spec in "${specs[@]}"; do

@@ -26,6 +26,8 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub(crate) mod sliding_log;
+#[cfg(feature = "redis")]
+pub(crate) mod template;
 
 pub use memory::MemoryStore;
 

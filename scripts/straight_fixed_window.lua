@@ -1,0 +1,44 @@
+
+-- Fixed window (fixed_window.lua): window i (length di, limit ni) is
+-- number ki = floor(now / di) and holds ci requests (si: the number of the
+-- window stored).
+local $each(, ){e@, c@, s@} = $each(, ){0, 0, 0}
+if raw then
+  if string.len(raw) ~= $BYTES then raw = remap(raw, { $each(, ){d@} }, 3) end
+  $each(, ){e@, c@, s@} = struct.unpack('<$each(){i8i8i8}', raw)
+  if $each( or ){e@ ~= d@} then
+    $each(, ){e@, c@, s@} = struct.unpack('<$each(){i8i8i8}', remap(raw, { $each(, ){d@} }, 3))
+  end
+end
+local retry = 0
+--$each
+local k@ = (now - now % d@) / d@
+if s@ ~= k@ then c@ = 0 end
+if c@ + cost > n@ then
+  local wait = (k@ + 1) * d@ - now
+  if cost > n@ then wait = d@ end
+  if wait > retry then retry = wait end
+end
+--$end
+-- (A denying window always leaves retry > 0.)
+local allowed = 0
+if retry == 0 then
+  allowed = 1
+  local expires = now
+--$each
+  c@ = c@ + cost
+  if (k@ + 1) * d@ > expires then expires = (k@ + 1) * d@ end
+--$end
+  redis.call('SET', key, struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@}), 'PX',
+    ttl(expires, now, ttl_pad))
+end
+
+-- Remaining = limit - count, at least 0, and the constraining window (the
+-- first with the fewest), which resets when it ends.
+local least, reset = 9007199254740992, 0
+--$each
+local r@ = n@ - c@
+if r@ < 0 then r@ = 0 end
+if r@ < least then least, reset = r@, (k@ + 1) * d@ - now end
+--$end
+return { allowed, retry, reset, 0, $each(, ){r@} }

@@ -1,0 +1,102 @@
+//! Expands the Lua templates of the Redis store's straight-line scripts
+//! (`scripts/straight_*.lua`) for a given number of windows.
+//!
+//! A template is Lua with three additions:
+//! - lines between a line `--$each` and a line `--$end` are written once per
+//!   window, with `@` standing for the window's number (1, 2, ...);
+//! - `$each(SEP){TEXT}` is TEXT once per window, `@` standing for its
+//!   number, joined by SEP (TEXT holds no `}`, SEP no `)`);
+//! - `$N` is the number of windows, and `$NAME` any variable given.
+//!
+//! The scripts are fixed at compile time and expanded once per store, so
+//! a malformed template is a bug the unit tests catch, not an input error.
+
+/// Expands `template` for `n` windows, with `vars` for `$NAME`.
+pub(crate) fn expand(template: &str, n: usize, vars: &[(&str, String)]) -> String {
+    let mut out = String::with_capacity(template.len() * 2);
+    let mut block: Option<Vec<&str>> = None;
+    for line in template.lines() {
+        match (line.trim(), &mut block) {
+            ("--$each", None) => block = Some(Vec::new()),
+            ("--$end", Some(lines)) => {
+                for i in 1..=n {
+                    for l in lines.iter() {
+                        out.push_str(&inline(&l.replace('@', &i.to_string()), n, vars));
+                        out.push('\n');
+                    }
+                }
+                block = None;
+            }
+            (_, Some(lines)) => lines.push(line),
+            (_, None) => {
+                out.push_str(&inline(line, n, vars));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// One line: `$each(SEP){TEXT}`, then the variables.
+fn inline(line: &str, n: usize, vars: &[(&str, String)]) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find("$each(") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "$each(".len()..];
+        let parsed = after.find("){").and_then(|close| {
+            let sep = &after[..close];
+            let body = &after[close + 2..];
+            body.find('}')
+                .map(|end| (sep, &body[..end], &body[end + 1..]))
+        });
+        let Some((sep, text, tail)) = parsed else {
+            out.push_str(&rest[at..]);
+            rest = "";
+            break;
+        };
+        let parts: Vec<String> = (1..=n).map(|i| text.replace('@', &i.to_string())).collect();
+        out.push_str(&parts.join(sep));
+        rest = tail;
+    }
+    out.push_str(rest);
+    let mut out = out.replace("$N", &n.to_string());
+    for (name, value) in vars {
+        out = out.replace(&format!("${name}"), value);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    #[test]
+    fn blocks_lists_and_variables_expand_per_window() {
+        let template = "local $each(, ){d@, n@} = f('$each(){i8i8}')\n--$each\nx@ = x@ + $K\n--$end\nreturn { $each(, ){r@} }, $N\n";
+        let out = expand(template, 3, &[("K", "7".to_owned())]);
+        assert_eq!(
+            out,
+            "local d1, n1, d2, n2, d3, n3 = f('i8i8i8i8i8i8')\nx1 = x1 + 7\nx2 = x2 + 7\nx3 = x3 + 7\nreturn { r1, r2, r3 }, 3\n"
+        );
+    }
+
+    #[test]
+    fn the_store_templates_expand_completely() {
+        for algorithm in [crate::Algorithm::FixedWindow, crate::Algorithm::TokenBucket] {
+            for n in 1..=5 {
+                let script = crate::store::redis::straight_lua(algorithm, n).unwrap_or_default();
+                let code = script.lines().filter(|l| !l.trim_start().starts_with("--"));
+                for line in code {
+                    assert!(!line.contains(['@', '$']), "{algorithm:?} x{n}: {line}");
+                }
+                assert!(script.contains(&format!("r{n}")), "{algorithm:?} x{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_list_is_left_as_written() {
+        assert_eq!(expand("a $each(, b\n", 2, &[]), "a $each(, b\n");
+    }
+}
