@@ -8,10 +8,10 @@
 //! cargo run --example lua -- fixed-window 2 --general
 //! ```
 //!
-//! The fixed-window and token-bucket checks of 1 to 5 windows with no
-//! route-wide windows and no block time run a straight-line script made for
-//! their window count; every other check runs its algorithm's general
-//! script.
+//! Checks of the counter algorithms (sliding window, fixed window, token
+//! bucket) with 1 to 5 windows, no route-wide windows and no block time run
+//! a straight-line script made for their window count; every other check
+//! runs its algorithm's general script.
 
 use tower_ratelimit::store::redis::{general_lua, straight_lua};
 use tower_ratelimit::Algorithm;

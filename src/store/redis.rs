@@ -86,8 +86,13 @@ macro_rules! script {
 /// The sliding-log script (`scripts/prelude.lua` + `scripts/sliding_log.lua`).
 pub const SLIDING_LOG_LUA: &str = script!("sliding_log.lua");
 /// The sliding-window-counter script (`scripts/prelude.lua` +
-/// `scripts/counter_state.lua` + `scripts/sliding_window.lua`).
-pub const SLIDING_WINDOW_LUA: &str = script!("counter_state.lua", "sliding_window.lua");
+/// `scripts/counter_state.lua` + `scripts/sliding_window_wait.lua` +
+/// `scripts/sliding_window.lua`).
+pub const SLIDING_WINDOW_LUA: &str = script!(
+    "counter_state.lua",
+    "sliding_window_wait.lua",
+    "sliding_window.lua"
+);
 /// The fixed-window script (`scripts/prelude.lua` +
 /// `scripts/counter_state.lua` + `scripts/fixed_window.lua`).
 pub const FIXED_WINDOW_LUA: &str = script!("counter_state.lua", "fixed_window.lua");
@@ -116,6 +121,13 @@ const STRAIGHT_FIXED_WINDOW: &str = concat!(
     include_str!("../../scripts/straight_prelude.lua"),
     include_str!("../../scripts/straight_fixed_window.lua")
 );
+/// The straight-line sliding-window template (with
+/// `scripts/sliding_window_wait.lua`).
+const STRAIGHT_SLIDING_WINDOW: &str = concat!(
+    include_str!("../../scripts/straight_prelude.lua"),
+    include_str!("../../scripts/sliding_window_wait.lua"),
+    include_str!("../../scripts/straight_sliding_window.lua")
+);
 /// The straight-line token-bucket template.
 const STRAIGHT_TOKEN_BUCKET: &str = concat!(
     include_str!("../../scripts/straight_prelude.lua"),
@@ -124,7 +136,7 @@ const STRAIGHT_TOKEN_BUCKET: &str = concat!(
 
 /// The straight-line script the store runs for a check of `windows` user
 /// windows with `algorithm`, no route-wide windows and no block time, when
-/// there is one (fixed window and token bucket, 1 to 5 windows): it decides
+/// there is one (the counter algorithms, 1 to 5 windows): it decides
 /// exactly as the general script, with every number in a Lua local and no
 /// loop, so Redis spends about a third less on it (BENCHMARKS.md).
 ///
@@ -139,9 +151,10 @@ const STRAIGHT_TOKEN_BUCKET: &str = concat!(
 /// ```
 pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
     let (template, width) = match algorithm {
+        Algorithm::SlidingWindow => (STRAIGHT_SLIDING_WINDOW, 4),
         Algorithm::FixedWindow => (STRAIGHT_FIXED_WINDOW, 3),
         Algorithm::TokenBucket => (STRAIGHT_TOKEN_BUCKET, 2),
-        Algorithm::SlidingLog | Algorithm::SlidingWindow => return None,
+        Algorithm::SlidingLog => return None,
     };
     if !(1..=STRAIGHT_MAX_WINDOWS).contains(&windows) {
         return None;
@@ -155,10 +168,10 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
 }
 
 /// The scripts, hashed once: one per algorithm, and the straight-line ones
-/// (fixed window, then token bucket; 1 to 5 windows).
+/// (sliding window, fixed window, token bucket; 1 to 5 windows).
 struct Scripts {
     general: [Script; 4],
-    straight: [[Script; STRAIGHT_MAX_WINDOWS]; 2],
+    straight: [[Script; STRAIGHT_MAX_WINDOWS]; 3],
 }
 
 impl Scripts {
@@ -177,6 +190,7 @@ impl Scripts {
             ]
             .map(|algorithm| Script::new(general_lua(algorithm))),
             straight: [
+                straight(Algorithm::SlidingWindow),
                 straight(Algorithm::FixedWindow),
                 straight(Algorithm::TokenBucket),
             ],
@@ -187,10 +201,10 @@ impl Scripts {
     /// its shape, else its algorithm's.
     fn get(&self, check: &Check) -> &Script {
         let [log, sliding, fixed, bucket] = &self.general;
-        let [straight_fixed, straight_bucket] = &self.straight;
+        let [straight_sliding, straight_fixed, straight_bucket] = &self.straight;
         let (general, straight) = match check.algorithm {
             Algorithm::SlidingLog => (log, None),
-            Algorithm::SlidingWindow => (sliding, None),
+            Algorithm::SlidingWindow => (sliding, Some(straight_sliding)),
             Algorithm::FixedWindow => (fixed, Some(straight_fixed)),
             Algorithm::TokenBucket => (bucket, Some(straight_bucket)),
         };

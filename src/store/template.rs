@@ -83,7 +83,11 @@ mod tests {
 
     #[test]
     fn the_store_templates_expand_completely() {
-        for algorithm in [crate::Algorithm::FixedWindow, crate::Algorithm::TokenBucket] {
+        for algorithm in [
+            crate::Algorithm::SlidingWindow,
+            crate::Algorithm::FixedWindow,
+            crate::Algorithm::TokenBucket,
+        ] {
             for n in 1..=5 {
                 let script = crate::store::redis::straight_lua(algorithm, n).unwrap_or_default();
                 let code = script.lines().filter(|l| !l.trim_start().starts_with("--"));
