@@ -108,7 +108,7 @@ impl Entry {
 
     /// Decides on `check` with this entry as the user's budget and `global`
     /// as the route's: blocks first, then both budgets' windows, recorded
-    /// in both or neither. The Redis scripts' epilogue does the same.
+    /// in both or neither. The Redis scripts do the same.
     fn decide(&mut self, check: &CheckRef<'_>, global: Option<&mut Entry>, now: u64) -> Decision {
         let all_windows = || {
             let global = check.global.map(|g| g.windows.iter()).into_iter().flatten();
