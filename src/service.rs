@@ -116,15 +116,14 @@ where
             return ResponseFuture::calling(self.inner.call(request), None);
         };
         let (head, body) = request.into_parts();
-        let grpc = decision::is_grpc(&head.headers);
         // The fast path: an identity and a store that answer at once (the
         // built-ins, the memory store, the denial cache) decide right here,
         // and the ready inner service is called directly.
         let verdict = match shared.identity.identify_now(&head) {
-            Some(identity) => shared.on_identity(&head, &candidates, grpc, identity),
+            Some(identity) => shared.on_identity(&head, &candidates, identity),
             None => {
                 let fut = shared.identity.identify(&head);
-                let pending = self.pending(head, body, candidates, grpc);
+                let pending = self.pending(head, body, candidates);
                 return ResponseFuture {
                     state: State::Identifying {
                         fut,
@@ -140,7 +139,7 @@ where
             }
             Verdict::Answer(response, headers) => ResponseFuture::answer(response, headers),
             Verdict::Wait(fut, held) => {
-                let mut pending = self.pending(head, body, candidates, grpc);
+                let mut pending = self.pending(head, body, candidates);
                 pending.held = Some(held);
                 ResponseFuture {
                     state: State::Checking {
@@ -164,7 +163,6 @@ impl<S: Clone, St, I> RateLimit<S, St, I> {
         head: Parts,
         body: B,
         candidates: Candidates,
-        grpc: bool,
     ) -> Box<Pending<S, B, St, I>> {
         let clone = self.inner.clone();
         Box::new(Pending {
@@ -173,7 +171,6 @@ impl<S: Clone, St, I> RateLimit<S, St, I> {
             body,
             candidates,
             shared: self.shared.clone(),
-            grpc,
             held: None,
         })
     }
@@ -186,7 +183,6 @@ struct Pending<S, B, St, I> {
     body: B,
     candidates: Candidates,
     shared: Arc<Shared<St, I>>,
-    grpc: bool,
     /// Set once a rule applies and the store is asked.
     held: Option<Held>,
 }
@@ -257,7 +253,6 @@ impl<St: Store, I> Shared<St, I> {
         &self,
         head: &Parts,
         candidates: &Candidates,
-        grpc: bool,
         identity: Result<Identity, IdentityError>,
     ) -> Verdict<St::Future> {
         let identity = match identity {
@@ -265,7 +260,7 @@ impl<St: Store, I> Shared<St, I> {
             Err(error) => {
                 let response = match &self.options.on_identity_error {
                     Some(f) => f(&error),
-                    None if grpc => {
+                    None if decision::is_grpc(&head.headers) => {
                         decision::grpc(GrpcStatus::Unauthenticated, error.message(), None)
                     }
                     None => decision::problem(error.status(), error.message()),
@@ -294,7 +289,12 @@ impl<St: Store, I> Shared<St, I> {
         let cache = self.state.denials.as_ref().filter(|c| !c.is_empty());
         if let (false, Some(cache)) = (shadow, cache) {
             if let Some(denied) = cache.get(budget, cost, self.now()) {
-                return self.on_decision(checked, grpc, Ok(denied), Outcome::DeniedLocally);
+                return self.on_decision(
+                    checked,
+                    &head.headers,
+                    Ok(denied),
+                    Outcome::DeniedLocally,
+                );
             }
         }
         let check = CheckRef {
@@ -313,11 +313,11 @@ impl<St: Store, I> Shared<St, I> {
         if let Some(fallback) = self.state.fallback.as_ref() {
             if fallback.bypass(self.now()) {
                 let decision = fallback.store.decide_now(&check);
-                return self.on_decision(checked, grpc, Ok(decision), Outcome::Fallback);
+                return self.on_decision(checked, &head.headers, Ok(decision), Outcome::Fallback);
             }
         }
         if let Some(result) = self.store.check_now(&check) {
-            return self.on_decision(checked, grpc, result, Outcome::Allowed);
+            return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
         }
         // The store makes the request wait: it gets a check it owns.
         let check = Check {
@@ -342,11 +342,12 @@ impl<St: Store, I> Shared<St, I> {
         Verdict::Wait(self.store.check(check), held)
     }
 
-    /// Turns a store's answer into what to do with the request.
+    /// Turns a store's answer into what to do with the request (whose
+    /// headers tell a gRPC call, answered in kind).
     fn on_decision(
         &self,
         checked: Checked<'_>,
-        grpc: bool,
+        request: &http::HeaderMap,
         result: Result<Decision, StoreError>,
         via: Outcome,
     ) -> Verdict<St::Future> {
@@ -381,7 +382,7 @@ impl<St: Store, I> Shared<St, I> {
                             Outcome::FailClosed,
                             None,
                         );
-                        let response = if grpc {
+                        let response = if decision::is_grpc(request) {
                             decision::grpc(
                                 GrpcStatus::Unavailable,
                                 "rate limiter unavailable",
@@ -437,7 +438,7 @@ impl<St: Store, I> Shared<St, I> {
         }
         let response = match &options.on_blocked {
             Some(f) => f(&decision),
-            None if grpc => decision::grpc(
+            None if decision::is_grpc(request) => decision::grpc(
                 GrpcStatus::ResourceExhausted,
                 "rate limit exceeded",
                 decision.retry_after(),
@@ -557,12 +558,10 @@ where
                     let Some(pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    let verdict = pending.shared.on_identity(
-                        &pending.head,
-                        &pending.candidates,
-                        pending.grpc,
-                        identity,
-                    );
+                    let verdict =
+                        pending
+                            .shared
+                            .on_identity(&pending.head, &pending.candidates, identity);
                     next_state(verdict, pending)
                 }
                 StateProj::Checking { fut, pending } => {
@@ -575,7 +574,7 @@ where
                     };
                     let verdict = pending.shared.on_decision(
                         held.checked(),
-                        pending.grpc,
+                        &pending.head.headers,
                         result,
                         Outcome::Allowed,
                     );
