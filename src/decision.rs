@@ -34,37 +34,49 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
+/// Numbers below this get a header value made once.
+const SMALL_NUMBERS: usize = 4096;
+
 /// A header value for a number. Small ones (the common case) are static
 /// values made once: cloning one copies two words, with no allocation and
 /// no reference count for the threads to share.
 pub(crate) fn number(n: u64) -> HeaderValue {
-    const SMALL: usize = 4096;
     static CACHE: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
-    let Some(i) = usize::try_from(n).ok().filter(|&i| i < SMALL) else {
-        return HeaderValue::from(n);
-    };
-    let cache = CACHE.get_or_init(|| {
-        let mut digits = String::with_capacity(5 * SMALL);
-        let mut ends = Vec::with_capacity(SMALL);
-        for i in 0..SMALL {
-            let _ = write!(digits, "{i}");
-            ends.push(digits.len());
-        }
-        // Made once per process and kept for its life, as the cache is.
-        let digits: &'static str = Box::leak(digits.into_boxed_str());
-        let mut start = 0;
-        ends.into_iter()
-            .map(|end| {
-                let value = HeaderValue::from_static(&digits[start..end]);
-                start = end;
-                value
-            })
-            .collect()
-    });
-    cache
-        .get(i)
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from(n))
+    match usize::try_from(n) {
+        Ok(i) if i < SMALL_NUMBERS => match CACHE.get_or_init(small_numbers).get(i) {
+            Some(value) => value.clone(),
+            None => big_number(n),
+        },
+        _ => big_number(n),
+    }
+}
+
+/// A header value formatted on the spot (out of line: rare).
+#[inline(never)]
+fn big_number(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+/// The header values of 0 .. [`SMALL_NUMBERS`], made once.
+#[cold]
+#[inline(never)]
+fn small_numbers() -> Box<[HeaderValue]> {
+    let mut digits = String::with_capacity(5 * SMALL_NUMBERS);
+    let mut ends = Vec::with_capacity(SMALL_NUMBERS);
+    for i in 0..SMALL_NUMBERS {
+        let _ = write!(digits, "{i}");
+        ends.push(digits.len());
+    }
+    // Made once per process and kept for its life, as the cache is.
+    let digits: &'static str = Box::leak(digits.into_boxed_str());
+    let mut start = 0;
+    ends.into_iter()
+        .map(|end| {
+            let value = HeaderValue::from_static(&digits[start..end]);
+            start = end;
+            value
+        })
+        .collect()
 }
 
 /// Whole seconds in `d`, rounded up.
@@ -125,7 +137,7 @@ impl RateHeaders {
         });
         let ietf = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
-                ietf_ratelimit(decision, policy, reset).map(|value| Box::new([p.clone(), value]))
+                ietf_headers(decision, policy, p, reset)
             }
             _ => None,
         };
@@ -161,6 +173,19 @@ impl RateHeaders {
                 .or_insert_with(|| number(self.retry_after));
         }
     }
+}
+
+/// `RateLimit-Policy` and `RateLimit` (out of line: most services send only
+/// the `X-RateLimit-*` headers).
+#[inline(never)]
+fn ietf_headers(
+    decision: &Decision,
+    policy: &Policy,
+    ietf_policy: &HeaderValue,
+    reset: u64,
+) -> Option<Box<[HeaderValue; 2]>> {
+    let value = ietf_ratelimit(decision, policy, reset)?;
+    Some(Box::new([ietf_policy.clone(), value]))
 }
 
 /// `RateLimit`: one item per window with its remaining quota (`r`); the

@@ -257,16 +257,7 @@ impl<St: Store, I> Shared<St, I> {
     ) -> Verdict<St::Future> {
         let identity = match identity {
             Ok(identity) => identity,
-            Err(error) => {
-                let response = match &self.options.on_identity_error {
-                    Some(f) => f(&error),
-                    None if decision::is_grpc(&head.headers) => {
-                        decision::grpc(GrpcStatus::Unauthenticated, error.message(), None)
-                    }
-                    None => decision::problem(error.status(), error.message()),
-                };
-                return Verdict::Answer(response, None);
-            }
+            Err(error) => return self.identity_failed(head, &error),
         };
         let rule = self
             .rules
@@ -319,7 +310,30 @@ impl<St: Store, I> Shared<St, I> {
         if let Some(result) = self.store.check_now(&check) {
             return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
         }
-        // The store makes the request wait: it gets a check it owns.
+        self.wait(policy, check)
+    }
+
+    /// The answer to a request whose identity failed (out of line: the
+    /// common path stays compact in the instruction cache).
+    #[cold]
+    #[inline(never)]
+    fn identity_failed(&self, head: &Parts, error: &IdentityError) -> Verdict<St::Future> {
+        let response = match &self.options.on_identity_error {
+            Some(f) => f(error),
+            None if decision::is_grpc(&head.headers) => {
+                decision::grpc(GrpcStatus::Unauthenticated, error.message(), None)
+            }
+            None => decision::problem(error.status(), error.message()),
+        };
+        Verdict::Answer(response, None)
+    }
+
+    /// Asks an asynchronous store: the request waits, with a check it owns.
+    /// (Out of line: a store that answers at once never comes here.)
+    #[inline(never)]
+    fn wait(&self, policy: &Arc<Policy>, check: CheckRef<'_>) -> Verdict<St::Future> {
+        let budget = check.budget;
+        let cost = check.cost;
         let check = Check {
             budget: Arc::from(budget),
             windows: policy.windows.clone(),
@@ -364,46 +378,7 @@ impl<St: Store, I> Shared<St, I> {
                 }
                 (decision, via)
             }
-            Err(error) => {
-                observe::store_error();
-                let mode = options.fail_mode;
-                self.state
-                    .warnings
-                    .store_failed(&error, mode, self.real_now());
-                match (mode, &self.state.fallback, &checked.retry) {
-                    (FailMode::Fallback, Some(fallback), Some(check)) => {
-                        fallback.failed(self.now());
-                        (fallback.store.decide_now(check), Outcome::Fallback)
-                    }
-                    (FailMode::Closed, ..) => {
-                        observe::outcome(
-                            &checked.policy.route,
-                            checked.budget,
-                            Outcome::FailClosed,
-                            None,
-                        );
-                        let response = if decision::is_grpc(request) {
-                            decision::grpc(
-                                GrpcStatus::Unavailable,
-                                "rate limiter unavailable",
-                                None,
-                            )
-                        } else {
-                            decision::store_unavailable()
-                        };
-                        return Verdict::Answer(response, None);
-                    }
-                    _ => {
-                        observe::outcome(
-                            &checked.policy.route,
-                            checked.budget,
-                            Outcome::FailOpen,
-                            None,
-                        );
-                        return Verdict::Pass(None);
-                    }
-                }
-            }
+            Err(error) => return self.store_failed(checked, request, &error),
         };
         let policy = checked.policy;
         let remaining = decision.constraining().map(|w| w.remaining);
@@ -417,6 +392,77 @@ impl<St: Store, I> Shared<St, I> {
             observe::outcome(&policy.route, checked.budget, outcome, remaining);
             return Verdict::Pass(Some(headers));
         }
+        self.on_denied(checked, request, decision, via, headers, remaining)
+    }
+
+    /// What a store's failure makes of a request: the fallback store's
+    /// decision, or the answer of the fail mode. (Out of line, like the
+    /// other rare paths.)
+    #[cold]
+    #[inline(never)]
+    fn store_failed(
+        &self,
+        checked: Checked<'_>,
+        request: &http::HeaderMap,
+        error: &StoreError,
+    ) -> Verdict<St::Future> {
+        let options = &self.options;
+        observe::store_error();
+        let mode = options.fail_mode;
+        self.state
+            .warnings
+            .store_failed(error, mode, self.real_now());
+        match (mode, &self.state.fallback, &checked.retry) {
+            (FailMode::Fallback, Some(fallback), Some(check)) => {
+                fallback.failed(self.now());
+                let decision = fallback.store.decide_now(check);
+                // (No store latency to record for a call that failed.)
+                let checked = Checked {
+                    started: None,
+                    ..checked
+                };
+                self.on_decision(checked, request, Ok(decision), Outcome::Fallback)
+            }
+            (FailMode::Closed, ..) => {
+                observe::outcome(
+                    &checked.policy.route,
+                    checked.budget,
+                    Outcome::FailClosed,
+                    None,
+                );
+                let response = if decision::is_grpc(request) {
+                    decision::grpc(GrpcStatus::Unavailable, "rate limiter unavailable", None)
+                } else {
+                    decision::store_unavailable()
+                };
+                Verdict::Answer(response, None)
+            }
+            _ => {
+                observe::outcome(
+                    &checked.policy.route,
+                    checked.budget,
+                    Outcome::FailOpen,
+                    None,
+                );
+                Verdict::Pass(None)
+            }
+        }
+    }
+
+    /// A denied request: let through in shadow mode, else answered 429 (or
+    /// gRPC `RESOURCE_EXHAUSTED`), its denial remembered by the cache.
+    #[inline(never)]
+    fn on_denied(
+        &self,
+        checked: Checked<'_>,
+        request: &http::HeaderMap,
+        decision: Decision,
+        via: Outcome,
+        headers: RateHeaders,
+        remaining: Option<u32>,
+    ) -> Verdict<St::Future> {
+        let options = &self.options;
+        let policy = checked.policy;
         if policy.shadow || options.shadow {
             observe::outcome(
                 &policy.route,

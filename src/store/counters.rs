@@ -234,10 +234,13 @@ pub(crate) fn token_bucket(
     let at = slots(state, windows);
     let cost = u64::from(cost);
     let mut tat = [0u64; MAX_WINDOWS];
+    // Each window's bucket, worked out once (a division).
+    let mut buckets = [(0u64, 1u64); MAX_WINDOWS];
     let mut allowed = true;
     let mut retry = 0u64;
     for (i, w) in windows.iter().enumerate() {
         let (n, t) = bucket(w);
+        buckets[i] = (n, t);
         tat[i] = state[at[i]][1].max(now);
         let next = tat[i].saturating_add(cost.saturating_mul(t));
         if next - now > n * t {
@@ -249,7 +252,7 @@ pub(crate) fn token_bucket(
     let mut expires = now;
     let mut remaining = [0u32; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
-        let (n, t) = bucket(w);
+        let (n, t) = buckets[i];
         if allowed && record {
             tat[i] = tat[i].saturating_add(cost.saturating_mul(t));
             state[at[i]] = [w.micros(), tat[i], 0, 0];
@@ -259,7 +262,7 @@ pub(crate) fn token_bucket(
     }
     let n = windows.len();
     let d = decision(allowed, retry, windows, &remaining[..n], |i| {
-        let (n, t) = bucket(&windows[i]);
+        let (n, t) = buckets[i];
         let r = u64::from(remaining[i]);
         if r >= n {
             0

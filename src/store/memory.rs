@@ -28,7 +28,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 use super::counters::{self, Slot};
-use super::{sliding_log, Check, CheckRef, Decision, Store, StoreError};
+use super::{sliding_log, Check, CheckRef, Decision, GlobalRef, Store, StoreError};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::rules::Algorithm;
 
@@ -110,62 +110,65 @@ impl Entry {
     /// as the route's: blocks first, then both budgets' windows, recorded
     /// in both or neither. The Redis scripts do the same.
     fn decide(&mut self, check: &CheckRef<'_>, global: Option<&mut Entry>, now: u64) -> Decision {
-        let all_windows = || {
-            let global = check.global.map(|g| g.windows.iter()).into_iter().flatten();
-            check.windows.iter().chain(global).copied()
-        };
         if check.block.is_some() && self.blocked_until > now {
-            return Decision::new_blocked(
-                Duration::from_micros(self.blocked_until - now),
-                all_windows(),
-            );
+            return self.blocked(check, now);
         }
-        let cost = check.cost;
-        let algorithm = check.algorithm;
-        match (global, check.global) {
-            (Some(route), Some(g)) => {
-                // Look at both without recording, then record in both only
-                // if both allow.
-                let user = self.run(algorithm, check.windows, cost, now, false);
-                let shared = route.run(algorithm, g.windows, cost, now, false);
-                if user.allowed() && shared.allowed() {
-                    let user = self.run(algorithm, check.windows, cost, now, true);
-                    let shared = route.run(algorithm, g.windows, cost, now, true);
-                    Decision::join(user, shared)
-                } else {
-                    let user_denied = !user.allowed();
-                    let joined = Decision::join(user, shared);
-                    if user_denied {
-                        return self.block(check, joined, now, all_windows());
-                    }
-                    joined
-                }
-            }
-            _ => {
-                let user = self.run(algorithm, check.windows, cost, now, true);
-                if !user.allowed() {
-                    return self.block(check, user, now, all_windows());
-                }
-                user
-            }
+        if let (Some(route), Some(g)) = (global, check.global) {
+            return self.decide_both(check, route, g, now);
         }
+        let user = self.run(check.algorithm, check.windows, check.cost, now, true);
+        if !user.allowed() && check.block.is_some() {
+            return self.block(check, user, now);
+        }
+        user
+    }
+
+    /// The answer to a blocked user: nothing remaining anywhere.
+    #[cold]
+    #[inline(never)]
+    fn blocked(&self, check: &CheckRef<'_>, now: u64) -> Decision {
+        Decision::new_blocked(
+            Duration::from_micros(self.blocked_until - now),
+            all_windows(check),
+        )
+    }
+
+    /// Both budgets: looks at both without recording, then records in both
+    /// only if both allow.
+    #[inline(never)]
+    fn decide_both(
+        &mut self,
+        check: &CheckRef<'_>,
+        route: &mut Entry,
+        g: GlobalRef<'_>,
+        now: u64,
+    ) -> Decision {
+        let (algorithm, cost) = (check.algorithm, check.cost);
+        let user = self.run(algorithm, check.windows, cost, now, false);
+        let shared = route.run(algorithm, g.windows, cost, now, false);
+        if user.allowed() && shared.allowed() {
+            let user = self.run(algorithm, check.windows, cost, now, true);
+            let shared = route.run(algorithm, g.windows, cost, now, true);
+            return Decision::join(user, shared);
+        }
+        let user_denied = !user.allowed();
+        let joined = Decision::join(user, shared);
+        if user_denied {
+            return self.block(check, joined, now);
+        }
+        joined
     }
 
     /// The answer to a request the user's own windows denied: a block, if
     /// the rule has one, reporting the longer of the block and the wait.
-    fn block(
-        &mut self,
-        check: &CheckRef<'_>,
-        denied: Decision,
-        now: u64,
-        windows: impl Iterator<Item = crate::rules::Window>,
-    ) -> Decision {
+    #[inline(never)]
+    fn block(&mut self, check: &CheckRef<'_>, denied: Decision, now: u64) -> Decision {
         let Some(block) = check.block else {
             return denied;
         };
         let wait = block.max(denied.retry_after().unwrap_or_default());
         self.blocked_until = now.saturating_add(crate::clock::duration_micros(block));
-        Decision::new_blocked(wait, windows)
+        Decision::new_blocked(wait, all_windows(check))
     }
 
     /// Runs the algorithm on this entry's state; records when allowed and
@@ -184,6 +187,12 @@ impl Entry {
         }
         decision
     }
+}
+
+/// Every window of a check: the user's, then the route's.
+fn all_windows<'a>(check: &CheckRef<'a>) -> impl Iterator<Item = crate::rules::Window> + 'a {
+    let global = check.global.map(|g| g.windows.iter()).into_iter().flatten();
+    check.windows.iter().chain(global).copied()
 }
 
 /// A budget's state, by algorithm.
@@ -323,14 +332,23 @@ impl MemoryStore {
             if let Some(entry) = shard.table.find_mut(hash, |e| *e.budget == *check.budget) {
                 return entry.decide(check, None, now);
             }
-            let mut entry = Entry::new(hash, check.budget, check.algorithm);
-            let decision = entry.decide(check, None, now);
-            // A denied first request without a block leaves nothing to keep.
-            if entry.live(now) {
-                shard.insert(entry, now);
-            }
-            return decision;
+            return shard.decide_new(hash, check, now);
         };
+        self.decide_two(check, global, hash, user_shard, now)
+    }
+
+    /// A check of a user's budget and its route's, perhaps in two shards
+    /// (out of line: the common one-budget path stays compact).
+    #[inline(never)]
+    fn decide_two(
+        &self,
+        check: &CheckRef<'_>,
+        global: GlobalRef<'_>,
+        hash: u64,
+        user_shard: usize,
+        now: u64,
+    ) -> Decision {
+        let inner = &*self.inner;
         // Two budgets, perhaps in two shards: lock them in index order so
         // concurrent checks cannot deadlock, take both entries out, decide,
         // and put back what is still live.
@@ -366,6 +384,18 @@ impl MemoryStore {
 }
 
 impl ShardState {
+    /// The first request of a budget this shard does not hold.
+    #[inline(never)]
+    fn decide_new(&mut self, hash: u64, check: &CheckRef<'_>, now: u64) -> Decision {
+        let mut entry = Entry::new(hash, check.budget, check.algorithm);
+        let decision = entry.decide(check, None, now);
+        // A denied first request without a block leaves nothing to keep.
+        if entry.live(now) {
+            self.insert(entry, now);
+        }
+        decision
+    }
+
     fn take(&mut self, hash: u64, budget: &str) -> Option<Entry> {
         let entry = self.table.find_entry(hash, |e| *e.budget == *budget).ok()?;
         Some(entry.remove().0)
