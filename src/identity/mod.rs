@@ -230,7 +230,6 @@ impl ClientIp {
 /// The bytes of an IP address as a budget user (IPv6 truncated to /64),
 /// written on the stack.
 fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
-    use std::io::Write as _;
     let mut out = ArrayVec::<u8, 46>::new();
     // The longest text is "ffff:ffff:ffff:ffff::/64" (24 bytes) or
     // "255.255.255.255" (15): the buffer always has room.
@@ -238,30 +237,46 @@ fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
         std::net::IpAddr::V4(v4) => push_v4(&mut out, v4),
         std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => push_v4(&mut out, v4),
-            None => {
-                let s = v6.segments();
-                let _ = write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]);
-            }
+            None => push_v6_prefix(&mut out, v6),
         },
     }
     out
 }
 
+/// An IPv6 address's /64 prefix (out of line: IPv4 peers are the common
+/// case, and this path uses the formatting machinery).
+#[inline(never)]
+fn push_v6_prefix(out: &mut ArrayVec<u8, 46>, v6: std::net::Ipv6Addr) {
+    use std::io::Write as _;
+    let s = v6.segments();
+    let _ = write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]);
+}
+
 /// Dotted decimal, as `Ipv4Addr`'s `Display` writes it, without the
 /// formatting machinery (this runs on every request keyed by IP).
 fn push_v4(out: &mut ArrayVec<u8, 46>, ip: std::net::Ipv4Addr) {
+    // Written into a local buffer, then appended at once: one capacity
+    // check instead of one per byte. The text is at most 15 bytes, so
+    // `len & 15` is `len`: an index the compiler sees is in bounds.
+    let mut text = [0u8; 16];
+    let mut len = 0;
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
-            let _ = out.try_push(b'.');
+            text[len & 15] = b'.';
+            len += 1;
         }
         if octet >= 100 {
-            let _ = out.try_push(b'0' + octet / 100);
+            text[len & 15] = b'0' + octet / 100;
+            len += 1;
         }
         if octet >= 10 {
-            let _ = out.try_push(b'0' + octet / 10 % 10);
+            text[len & 15] = b'0' + octet / 10 % 10;
+            len += 1;
         }
-        let _ = out.try_push(b'0' + octet % 10);
+        text[len & 15] = b'0' + octet % 10;
+        len += 1;
     }
+    let _ = out.try_extend_from_slice(&text[..len.min(16)]);
 }
 
 impl ClientIp {
@@ -343,6 +358,15 @@ mod tests {
             assert_eq!(&ip_user(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
             let mapped = IpAddr::V6(v4.to_ipv6_mapped());
             assert_eq!(&ip_user(mapped)[..], v4.to_string().as_bytes());
+        }
+        // Every octet value, in every position.
+        for value in 0..=255u8 {
+            for position in 0..4 {
+                let mut octets = [1, 22, 133, 4];
+                octets[position] = value;
+                let v4 = Ipv4Addr::from(octets);
+                assert_eq!(&ip_user(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
+            }
         }
         let v6: Ipv6Addr = "2001:db8:ab:c0:1:2:3:4".parse().unwrap();
         assert_eq!(&ip_user(IpAddr::V6(v6))[..], b"2001:db8:ab:c0::/64");
