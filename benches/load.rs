@@ -190,11 +190,13 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             app.layer(axum::middleware::from_fn_with_state(state, ceiling))
         }
         redis_scenario => {
-            let algorithm = match redis_scenario {
-                "redis-sliding-log" => Algorithm::SlidingLog,
-                "redis-sliding-window" => Algorithm::SlidingWindow,
-                "redis-fixed-window" => Algorithm::FixedWindow,
-                _ => Algorithm::TokenBucket,
+            // Key prefixes as short as the ceiling's ("ceil"): Redis hashes
+            // the key in every command of the script.
+            let (algorithm, prefix) = match redis_scenario {
+                "redis-sliding-log" => (Algorithm::SlidingLog, "rlsl"),
+                "redis-sliding-window" => (Algorithm::SlidingWindow, "rlsw"),
+                "redis-fixed-window" => (Algorithm::FixedWindow, "rlfw"),
+                _ => (Algorithm::TokenBucket, "rltb"),
             };
             let rules = Rules::builder()
                 .route("^/", [huge_rule(algorithm)])
@@ -202,7 +204,7 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
                 .unwrap();
             let store = RedisStore::builder()
                 .url(redis)
-                .prefix(redis_scenario)
+                .prefix(prefix)
                 .timeout(Duration::from_secs(1))
                 .build()
                 .await
