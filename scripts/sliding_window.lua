@@ -7,7 +7,7 @@
 --
 -- S[4w - 2] is the current count of window w, S[4w - 1] the previous one,
 -- S[4w] the window number (so the time elapsed in it is now - S[4w] * d).
--- used() and wait_for() are in sliding_window_wait.lua.
+-- wait_for() is in sliding_window_wait.lua.
 
 local S = load_state(V, UN, GN, 4)
 local user_ok, route_ok, retry = true, true, 0

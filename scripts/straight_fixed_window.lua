@@ -29,8 +29,11 @@ if retry == 0 then
   c@ = c@ + cost
   if (k@ + 1) * d@ > expires then expires = (k@ + 1) * d@ end
 --$end
-  redis.call('SET', key, struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@}), 'PX',
-    ttl(expires, now, ttl_pad))
+  -- (The TTL, as straight_prelude.lua says.)
+  local ms = expires - now - 1
+  ms = (ms - ms % 1000) / 1000 + 1
+  if ms < 1 then ms = 1 end
+  redis.call('SET', key, struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@}), 'PX', ms + ttl_pad)
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the

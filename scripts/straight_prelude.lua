@@ -39,10 +39,7 @@ local function remap(raw, D, width)
   return struct.pack(string.rep('<i8', table.getn(out)), unpack(out))
 end
 
--- The TTL of a state whose last window ends at `expires`, in milliseconds
--- (save_state in counter_state.lua).
-local function ttl(expires, now, pad)
-  local ms = math.ceil((expires - now) / 1000)
-  if ms < 1 then ms = 1 end
-  return string.format('%d', ms + pad)
-end
+-- The TTL of a saved state is the milliseconds until its last window ends,
+-- rounded up (ms = floor((expires - now - 1) / 1000) + 1), at least 1, and
+-- goes to SET as a number: below 10^14, Redis writes it exactly, so neither
+-- a function nor string.format is needed (about 1.5k instructions a call).

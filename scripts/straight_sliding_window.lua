@@ -34,8 +34,11 @@ if allowed == 1 then
   -- (The current count still weighs in during the next window.)
   if (k@ + 2) * d@ > expires then expires = (k@ + 2) * d@ end
 --$end
-  redis.call('SET', key, struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@}), 'PX',
-    ttl(expires, now, ttl_pad))
+  -- (The TTL, as straight_prelude.lua says.)
+  local ms = expires - now - 1
+  ms = (ms - ms % 1000) / 1000 + 1
+  if ms < 1 then ms = 1 end
+  redis.call('SET', key, struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@}), 'PX', ms + ttl_pad)
 end
 
 -- Remaining = floor(max(limit - used, 0)), and the constraining window (the

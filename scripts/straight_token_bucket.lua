@@ -29,8 +29,11 @@ if retry == 0 then
   a@ = a@ + cost * t@
   if a@ > expires then expires = a@ end
 --$end
-  redis.call('SET', key, struct.pack('<$each(){i8i8}', $each(, ){d@, a@}), 'PX',
-    ttl(expires, now, ttl_pad))
+  -- (The TTL, as straight_prelude.lua says.)
+  local ms = expires - now - 1
+  ms = (ms - ms % 1000) / 1000 + 1
+  if ms < 1 then ms = 1 end
+  redis.call('SET', key, struct.pack('<$each(){i8i8}', $each(, ){d@, a@}), 'PX', ms + ttl_pad)
 end
 
 -- The tokens left, and the constraining window (the first with the

@@ -11,7 +11,7 @@ use http::StatusCode;
 use support::redis_server::{cli, shared, unique_prefix, RedisServer};
 use support::App;
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{FailMode, Rule, Rules};
+use tower_ratelimit::{Algorithm, FailMode, Rule, Rules};
 
 /// Generous: the conformance suite checks decisions, not latency, on a
 /// 2-core machine that may be busy.
@@ -216,6 +216,37 @@ async fn every_key_has_a_ttl() {
         let ttl: i64 = cli(port, &["pttl", &key]).parse().unwrap();
         // Alive until the newest entry leaves the longest window.
         assert!(ttl > 0 && ttl <= 60_001, "{key}: pttl {ttl}");
+    }
+}
+
+#[tokio::test]
+async fn counter_states_live_until_their_longest_window_lets_go() {
+    // The straight-line scripts (counter algorithms, no route-wide windows,
+    // no block time) work out the TTL in whole milliseconds, rounded up:
+    // token bucket: until the minute window's next token (12 s at 5 per
+    // minute); fixed window: until the current minute ends; sliding window:
+    // until the next minute ends (its count still weighs in then).
+    let port = port_of(&shared().standalone);
+    for (algorithm, low, high) in [
+        (Algorithm::TokenBucket, 11_500, 12_000),
+        (Algorithm::FixedWindow, 0, 60_000),
+        (Algorithm::SlidingWindow, 59_000, 120_000),
+    ] {
+        let prefix = unique_prefix();
+        let store = standalone_at(&prefix).await;
+        let rules = Rules::builder()
+            .route("^/", [Rule::new().second(2).minute(5).algorithm(algorithm)])
+            .build()
+            .unwrap();
+        let app = App::on_store_clock(rules, store, |l| l);
+        assert_eq!(app.get("/", "u").await.status, StatusCode::OK);
+        let keys = keys(port, &prefix);
+        assert_eq!(keys.len(), 1, "{algorithm:?}");
+        let ttl: i64 = cli(port, &["pttl", &keys[0]]).parse().unwrap();
+        assert!(
+            ttl > low && ttl <= high,
+            "{algorithm:?}: pttl {ttl} not in ({low}, {high}]"
+        );
     }
 }
 
