@@ -44,7 +44,7 @@ use http_body_util::{BodyExt, Empty};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_ratelimit::identity::{Identity, IdentityError};
-use tower_ratelimit::store::redis::{script_args, RedisStore, SLIDING_LOG_LUA};
+use tower_ratelimit::store::redis::{script_args, straight_lua, RedisStore};
 use tower_ratelimit::{Algorithm, Check, MemoryStore, RateLimitLayer, Rule, Rules, Window};
 
 const SCENARIOS: &[&str] = &[
@@ -179,7 +179,10 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             let client = redis::Client::open(redis).unwrap();
             let state = Arc::new(Ceiling {
                 conn: client.get_multiplexed_async_connection().await.unwrap(),
-                script: redis::Script::new(SLIDING_LOG_LUA),
+                // The script the store runs for this check's shape.
+                script: redis::Script::new(
+                    &straight_lua(Algorithm::SlidingLog, 3).unwrap_or_default(),
+                ),
                 args: script_args(&Check::new(
                     "-",
                     [1, 60, 3600]

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tower_ratelimit::store::redis::{script_args, RedisStore, SLIDING_LOG_LUA};
-use tower_ratelimit::{Check, Store, Window};
+use tower_ratelimit::store::redis::{script_args, straight_lua, RedisStore};
+use tower_ratelimit::{Algorithm, Check, Store, Window};
 
 const WORKERS: usize = 50;
 const USERS: usize = 1000;
@@ -164,18 +164,20 @@ async fn main() {
         .await
         .unwrap();
     let per_window_conn = client.get_multiplexed_async_connection().await.unwrap();
+    // The script the store runs for a 3-window sliding-log check.
+    let sliding_log = straight_lua(Algorithm::SlidingLog, 3).unwrap_or_default();
     let shapes = [
         ("multiplexed", Shape::Store(multiplexed)),
         ("pool16", Shape::Store(pooled)),
         (
             "conn-manager",
-            Shape::Manager(manager, Arc::new(redis::Script::new(SLIDING_LOG_LUA))),
+            Shape::Manager(manager, Arc::new(redis::Script::new(&sliding_log))),
         ),
         (
             "raw-multiplex",
             Shape::Raw(
                 client.get_multiplexed_async_connection().await.unwrap(),
-                Arc::new(redis::Script::new(SLIDING_LOG_LUA)),
+                Arc::new(redis::Script::new(&sliding_log)),
             ),
         ),
         (

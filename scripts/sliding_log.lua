@@ -56,8 +56,8 @@ if user_ok and route_ok then
     if b == 2 then first, last = UN + 1, W end
     local key = keys[b]
     if first <= last then
-      -- Try now .. now+cost-1 at once; members that exist are skipped (NX)
-      -- and the missing ones take the next free microseconds.
+      -- One entry at now, or (add_entries, sliding_log_add.lua) the next
+      -- free microseconds.
       local t = now
       local added = 0
       if cost == 1 then
@@ -65,17 +65,7 @@ if user_ok and route_ok then
         added = redis.call('ZADD', key, 'NX', s, s)
         t = t + 1
       end
-      while added < cost do
-        local args = { 'NX' }
-        local upto = math.min(t + (cost - added), t + 512)
-        while t < upto do
-          local s = fmt('%d', t)
-          args[#args + 1] = s
-          args[#args + 1] = s
-          t = t + 1
-        end
-        added = added + redis.call('ZADD', key, unpack(args))
-      end
+      if added < cost then t = add_entries(key, t, cost - added) end
       total[b] = total[b] + cost
       for w = first, last do C[w] = C[w] + cost end
       local ms = math.ceil((t - 1 + V[4 + 2 * last] - now) / 1000)

@@ -1,0 +1,25 @@
+
+-- The counter algorithms' stored state (straight_fixed_window.lua,
+-- straight_sliding_window.lua, straight_token_bucket.lua): one string of
+-- packed numbers, as counter_state.lua keeps it.
+local raw = redis.call('GET', key)
+
+-- The stored state laid out for the check's windows, in order, each with
+-- the fields stored for its length (the last window stored with it) or
+-- zeros, as load_state in counter_state.lua. Only for changed windows.
+local function remap(raw, D, width)
+  local stored = math.floor(string.len(raw) / (8 * width))
+  local R = { struct.unpack(string.rep('<i8', stored * width), raw) }
+  local out = {}
+  for i = 1, table.getn(D) do
+    local from = -1
+    for j = 0, stored - 1 do
+      if R[j * width + 1] == D[i] then from = j * width end
+    end
+    out[table.getn(out) + 1] = D[i]
+    for f = 2, width do
+      out[table.getn(out) + 1] = from >= 0 and R[from + f] or 0
+    end
+  end
+  return struct.pack(string.rep('<i8', table.getn(out)), unpack(out))
+end
