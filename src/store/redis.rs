@@ -121,9 +121,9 @@ pub fn general_lua(algorithm: Algorithm) -> &'static str {
 /// The most windows a straight-line script is made for.
 const STRAIGHT_MAX_WINDOWS: usize = 5;
 
-/// The straight-line sliding-log template (`scripts/straight_prelude.lua`
-/// + `scripts/sliding_log_add.lua` + `scripts/straight_sliding_log.lua`;
-/// see [`straight_lua`]).
+/// The straight-line sliding-log template: `scripts/straight_prelude.lua`,
+/// `scripts/sliding_log_add.lua` and `scripts/straight_sliding_log.lua`
+/// (see [`straight_lua`]).
 const STRAIGHT_SLIDING_LOG: &str = concat!(
     include_str!("../../scripts/straight_prelude.lua"),
     include_str!("../../scripts/sliding_log_add.lua"),
