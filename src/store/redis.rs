@@ -5,11 +5,11 @@
 //! `token_bucket.lua`, each behind `scripts/prelude.lua`), which
 //! decides on all windows of the rule atomically, on the Redis server's
 //! clock (`TIME`), and records the request in all of them or in none.
-//! Checks of the counter algorithms with 1 to 5 windows, no route-wide
-//! windows and no block time (the common shape) run a straight-line script
-//! made for their window count instead ([`straight_lua`]): the same
-//! decisions on the same keys and state, for about a third less of Redis's
-//! CPU. Every script is loaded when a connection is made.
+//! Checks with 1 to 5 windows, no route-wide windows and no block time (the
+//! common shape) run a straight-line script made for their algorithm and
+//! window count instead ([`straight_lua`]): the same decisions on the same
+//! keys and state, for 16% (sliding log) to 35% (token bucket) less of
+//! Redis's CPU. Every script is loaded when a connection is made.
 //!
 //! # Connections
 //!
