@@ -24,16 +24,14 @@ end
 local allowed = 0
 if retry == 0 then
   allowed = 1
-  local expires = now
+  local expires, before = now, 0
 --$each
   c@ = c@ + cost
   if (k@ + 1) * d@ > expires then expires = (k@ + 1) * d@ end
+  if (s@ + 1) * d@ > before then before = (s@ + 1) * d@ end
 --$end
-  -- (The TTL, as straight_prelude.lua says.)
-  local ms = expires - now - 1
-  ms = (ms - ms % 1000) / 1000 + 1
-  if ms < 1 then ms = 1 end
-  redis.call('SET', key, struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@}), 'PX', ms + ttl_pad)
+  local state = struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@})
+$SAVE
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the

@@ -19,8 +19,3 @@ if now < 0 then
 end
 local key = KEYS[1]
 
--- The TTL of a saved state is the milliseconds until its last window ends,
--- rounded up (ms = floor((expires - now - 1) / 1000) + 1), at least 1, and
--- goes to SET or PEXPIRE as a number: below 10^14, Redis writes it exactly,
--- so neither a function nor string.format is needed (about 1.5k
--- instructions a call).

@@ -41,8 +41,8 @@ if allowed == 1 then
 --$each
   c@ = c@ + cost
 --$end
-  -- (The TTL, as straight_prelude.lua says: until the newest entry leaves
-  -- the longest window.)
+  -- (The TTL, in milliseconds as straight_save.lua works it out: until the
+  -- newest entry leaves the longest window.)
   local ms = t - 1 + d$N - now - 1
   ms = (ms - ms % 1000) / 1000 + 1
   if ms < 1 then ms = 1 end

@@ -28,17 +28,15 @@ if p@ * (d@ - e@) / d@ + c@ + cost > n@ then
 end
 --$end
 if allowed == 1 then
-  local expires = now
+  local expires, before = now, 0
 --$each
   c@ = c@ + cost
   -- (The current count still weighs in during the next window.)
   if (k@ + 2) * d@ > expires then expires = (k@ + 2) * d@ end
+  if (s@ + 2) * d@ > before then before = (s@ + 2) * d@ end
 --$end
-  -- (The TTL, as straight_prelude.lua says.)
-  local ms = expires - now - 1
-  ms = (ms - ms % 1000) / 1000 + 1
-  if ms < 1 then ms = 1 end
-  redis.call('SET', key, struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@}), 'PX', ms + ttl_pad)
+  local state = struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@})
+$SAVE
 end
 
 -- Remaining = floor(max(limit - used, 0)), and the constraining window (the

@@ -24,16 +24,14 @@ end
 local allowed = 0
 if retry == 0 then
   allowed = 1
-  local expires = now
+  -- (A bucket's TTL moves with every request it allows: before stays 0.)
+  local expires, before = now, 0
 --$each
   a@ = a@ + cost * t@
   if a@ > expires then expires = a@ end
 --$end
-  -- (The TTL, as straight_prelude.lua says.)
-  local ms = expires - now - 1
-  ms = (ms - ms % 1000) / 1000 + 1
-  if ms < 1 then ms = 1 end
-  redis.call('SET', key, struct.pack('<$each(){i8i8}', $each(, ){d@, a@}), 'PX', ms + ttl_pad)
+  local state = struct.pack('<$each(){i8i8}', $each(, ){d@, a@})
+$SAVE
 end
 
 -- The tokens left, and the constraining window (the first with the

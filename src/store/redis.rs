@@ -151,6 +151,10 @@ const STRAIGHT_TOKEN_BUCKET: &str = concat!(
     include_str!("../../scripts/straight_token_bucket.lua")
 );
 
+/// How a straight-line counter script saves its state (`$SAVE` in the
+/// templates).
+const STRAIGHT_SAVE: &str = include_str!("../../scripts/straight_save.lua");
+
 /// The straight-line script the store runs for a check of `windows` user
 /// windows with `algorithm`, no route-wide windows and no block time, when
 /// there is one (1 to 5 windows): it decides exactly as the general script,
@@ -181,7 +185,10 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
     Some(super::template::expand(
         template,
         windows,
-        &[("BYTES", bytes)],
+        &[
+            ("BYTES", bytes),
+            ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
+        ],
     ))
 }
 

@@ -84,6 +84,7 @@ mod tests {
     #[test]
     fn the_store_templates_expand_completely() {
         for algorithm in [
+            crate::Algorithm::SlidingLog,
             crate::Algorithm::SlidingWindow,
             crate::Algorithm::FixedWindow,
             crate::Algorithm::TokenBucket,
