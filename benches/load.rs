@@ -145,7 +145,9 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
                 _ => Rule::new().hour(1),
             };
             let rules = Rules::builder().route("^/", [rule]).build().unwrap();
-            app.layer(RateLimitLayer::new(rules, MemoryStore::new()))
+            // (same_body: axum's own body on responses, as the README
+            // advises under axum; axum boxes any other.)
+            app.layer(RateLimitLayer::new(rules, MemoryStore::new()).same_body())
         }
         "soak" => {
             let rules = Rules::builder()
@@ -212,7 +214,11 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
                 .build()
                 .await
                 .unwrap();
-            app.layer(RateLimitLayer::new(rules, store).identify(by_header))
+            app.layer(
+                RateLimitLayer::new(rules, store)
+                    .identify(by_header)
+                    .same_body(),
+            )
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))

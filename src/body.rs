@@ -1,5 +1,11 @@
 //! The response body of [`RateLimit`](crate::RateLimit): the inner
 //! service's body, or the layer's own (a 429, 401 or 503 answer).
+//!
+//! By default the service wraps both in a [`RateLimitBody`], which works
+//! with any inner body. An inner body that can be made from [`Bytes`]
+//! (axum's `Body`, `http_body_util::Full<Bytes>`) can keep its own type
+//! instead ([`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body)):
+//! axum then has no foreign body to box on every response.
 
 use std::fmt;
 use std::pin::Pin;
@@ -82,4 +88,70 @@ where
             }
         }
     }
+}
+
+/// How [`RateLimit`](crate::RateLimit) types its response body: a body it
+/// wraps ([`Wrapped`], the default, for any inner body) or the inner
+/// service's own body type ([`SameBody`], for bodies made from bytes).
+///
+/// Sealed: the layer picks one with
+/// [`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body).
+pub trait BodyMode<B>: sealed::Sealed {
+    /// The response body of the service.
+    type Body;
+
+    /// The inner service's body, as the service's.
+    #[doc(hidden)]
+    fn inner(body: B) -> Self::Body;
+
+    /// A body the layer wrote (a 429, 401 or 503 answer).
+    #[doc(hidden)]
+    fn written(data: Bytes) -> Self::Body;
+}
+
+/// The default [`BodyMode`]: responses carry a [`RateLimitBody`], which
+/// holds the inner service's body or the layer's own, whatever the inner
+/// body type is.
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub struct Wrapped;
+
+/// The [`BodyMode`] of
+/// [`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body):
+/// responses keep the inner service's body type `B`, and the layer's own
+/// answers are made with `B::from(Bytes)`. Under axum this spares a
+/// `Box` per response: axum boxes every body type but its own
+/// `axum::body::Body`.
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub struct SameBody;
+
+impl<B> BodyMode<B> for Wrapped {
+    type Body = RateLimitBody<B>;
+
+    fn inner(body: B) -> Self::Body {
+        RateLimitBody::inner(body)
+    }
+
+    fn written(data: Bytes) -> Self::Body {
+        RateLimitBody::full(data)
+    }
+}
+
+impl<B: From<Bytes>> BodyMode<B> for SameBody {
+    type Body = B;
+
+    fn inner(body: B) -> B {
+        body
+    }
+
+    fn written(data: Bytes) -> B {
+        B::from(data)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Wrapped {}
+    impl Sealed for super::SameBody {}
 }

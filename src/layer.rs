@@ -2,6 +2,7 @@
 //! middleware. The service it makes is in [`crate::service`].
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -11,6 +12,7 @@ use http::request::Parts;
 use http::Response;
 use tower_layer::Layer;
 
+use crate::body::{SameBody, Wrapped};
 use crate::cache::DenialCache;
 use crate::clock::Clock;
 use crate::identity::{ClientIp, Identify, IdentityError};
@@ -62,8 +64,11 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 ///
 /// The layer is cheap to clone; every clone, and every service it makes,
 /// shares the same rules, store and denial cache.
+///
+/// Under axum, [`same_body`](Self::same_body) keeps axum's own body type on
+/// responses, which spares axum a `Box` per response.
 #[must_use]
-pub struct RateLimitLayer<St, I = ClientIp> {
+pub struct RateLimitLayer<St, I = ClientIp, M = Wrapped> {
     pub(crate) rules: Rules,
     pub(crate) store: Arc<St>,
     pub(crate) identity: Arc<I>,
@@ -71,6 +76,8 @@ pub struct RateLimitLayer<St, I = ClientIp> {
     /// What every service of this layer (and of its clones) shares at run
     /// time: made by the first `layer` call.
     pub(crate) state: Arc<OnceLock<Arc<RunState>>>,
+    /// How the services type their response body ([`crate::body::BodyMode`]).
+    pub(crate) body: PhantomData<fn() -> M>,
 }
 
 /// The layer's settings (all cheap to clone).
@@ -87,7 +94,7 @@ pub(crate) struct Options {
     pub(crate) denial_cache: usize,
 }
 
-impl<St, I> Clone for RateLimitLayer<St, I> {
+impl<St, I, M> Clone for RateLimitLayer<St, I, M> {
     fn clone(&self) -> Self {
         Self {
             rules: self.rules.clone(),
@@ -95,11 +102,12 @@ impl<St, I> Clone for RateLimitLayer<St, I> {
             identity: self.identity.clone(),
             options: self.options.clone(),
             state: self.state.clone(),
+            body: PhantomData,
         }
     }
 }
 
-impl<St, I> fmt::Debug for RateLimitLayer<St, I> {
+impl<St, I, M> fmt::Debug for RateLimitLayer<St, I, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("rules", &self.rules)
@@ -133,20 +141,63 @@ impl<St: Store> RateLimitLayer<St, ClientIp> {
             identity: Arc::new(ClientIp),
             options,
             state: Arc::default(),
+            body: PhantomData,
         }
     }
 }
 
-impl<St: Store, I: Identify> RateLimitLayer<St, I> {
+impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// Tells users (and their groups) apart with `identity`: a closure or an
     /// [`Identify`] implementation (see [`crate::identity`]).
-    pub fn identify<J: Identify>(self, identity: J) -> RateLimitLayer<St, J> {
+    pub fn identify<J: Identify>(self, identity: J) -> RateLimitLayer<St, J, M> {
         RateLimitLayer {
             rules: self.rules,
             store: self.store,
             identity: Arc::new(identity),
             options: self.options,
             state: self.state,
+            body: PhantomData,
+        }
+    }
+
+    /// Responses keep the inner service's body type `B` (which must be
+    /// `From<Bytes>`: the layer's own 429, 401 and 503 answers are made
+    /// with it) instead of a [`RateLimitBody`](crate::RateLimitBody).
+    ///
+    /// Use it under axum: axum boxes every response body that is not its
+    /// own `Body`, so a wrapped body costs an allocation per response.
+    ///
+    /// ```
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tower_ratelimit::{identity::Global, MemoryStore, RateLimitLayer, Rule, Rules};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let rules = Rules::builder().route("^/", [Rule::new().second(1)]).build()?;
+    /// let layer = RateLimitLayer::new(rules, MemoryStore::new())
+    ///     .identify(Global)
+    ///     .same_body();
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hi" }))
+    ///     .layer(layer);
+    ///
+    /// let ok = app.clone().oneshot(Request::new(Body::empty())).await?;
+    /// assert_eq!(ok.status(), StatusCode::OK);
+    /// // The 429 is an axum `Body` made from the layer's bytes.
+    /// let denied = app.oneshot(Request::new(Body::empty())).await?;
+    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn same_body(self) -> RateLimitLayer<St, I, SameBody> {
+        RateLimitLayer {
+            rules: self.rules,
+            store: self.store,
+            identity: self.identity,
+            options: self.options,
+            state: self.state,
+            body: PhantomData,
         }
     }
 
@@ -223,8 +274,8 @@ impl<St: Store, I: Identify> RateLimitLayer<St, I> {
     }
 }
 
-impl<S, St, I> Layer<S> for RateLimitLayer<St, I> {
-    type Service = RateLimit<S, St, I>;
+impl<S, St, I, M> Layer<S> for RateLimitLayer<St, I, M> {
+    type Service = RateLimit<S, St, I, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let state = self

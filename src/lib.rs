@@ -70,7 +70,7 @@ pub mod rules;
 mod service;
 pub mod store;
 
-pub use body::RateLimitBody;
+pub use body::{RateLimitBody, SameBody};
 pub use error::{ConfigError, ConfigErrorKind};
 pub use layer::{FailMode, RateLimitLayer, DEFAULT_DENIAL_CACHE};
 pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder, Window};

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -14,7 +15,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::RateLimitBody;
+use crate::body::{BodyMode, Wrapped};
 use crate::decision::{self, GrpcStatus, RateHeaders};
 use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
@@ -49,14 +50,21 @@ impl<St, I> Shared<St, I> {
 }
 
 /// The rate-limiting service; made by [`RateLimitLayer`](crate::RateLimitLayer).
-pub struct RateLimit<S, St, I = ClientIp> {
+///
+/// `M` says how it types its response body ([`BodyMode`]).
+pub struct RateLimit<S, St, I = ClientIp, M = Wrapped> {
     inner: S,
     shared: Arc<Shared<St, I>>,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<S, St, I> RateLimit<S, St, I> {
+impl<S, St, I, M> RateLimit<S, St, I, M> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<St, I>>) -> Self {
-        Self { inner, shared }
+        Self {
+            inner,
+            shared,
+            body: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -75,16 +83,17 @@ impl<S, St, I> RateLimit<S, St, I> {
     }
 }
 
-impl<S: Clone, St, I> Clone for RateLimit<S, St, I> {
+impl<S: Clone, St, I, M> Clone for RateLimit<S, St, I, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            body: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, St, I> fmt::Debug for RateLimit<S, St, I> {
+impl<S: fmt::Debug, St, I, M> fmt::Debug for RateLimit<S, St, I, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -93,15 +102,16 @@ impl<S: fmt::Debug, St, I> fmt::Debug for RateLimit<S, St, I> {
     }
 }
 
-impl<S, St, I, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, I>
+impl<S, St, I, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, I, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     I: Identify,
+    M: BodyMode<ResBody>,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, St, I>;
+    type Future = ResponseFuture<S, ReqBody, St, I, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -124,12 +134,10 @@ where
             None => {
                 let fut = shared.identity.identify(&head);
                 let pending = self.pending(head, body, candidates);
-                return ResponseFuture {
-                    state: State::Identifying {
-                        fut,
-                        pending: Some(pending),
-                    },
-                };
+                return ResponseFuture::new(State::Identifying {
+                    fut,
+                    pending: Some(pending),
+                });
             }
         };
         match verdict {
@@ -141,18 +149,16 @@ where
             Verdict::Wait(fut, held) => {
                 let mut pending = self.pending(head, body, candidates);
                 pending.held = Some(held);
-                ResponseFuture {
-                    state: State::Checking {
-                        fut,
-                        pending: Some(pending),
-                    },
-                }
+                ResponseFuture::new(State::Checking {
+                    fut,
+                    pending: Some(pending),
+                })
             }
         }
     }
 }
 
-impl<S: Clone, St, I> RateLimit<S, St, I> {
+impl<S: Clone, St, I, M> RateLimit<S, St, I, M> {
     /// Holds the request for an asynchronous decision. The service that was
     /// polled ready goes with it; a fresh clone stays behind for the next
     /// poll_ready.
@@ -497,7 +503,7 @@ impl<St: Store, I> Shared<St, I> {
 
 pin_project! {
     /// The response future of [`RateLimit`].
-    pub struct ResponseFuture<S, B, St, I>
+    pub struct ResponseFuture<S, B, St, I, M = Wrapped>
     where
         S: Service<Request<B>>,
         St: Store,
@@ -505,6 +511,7 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future, I::Future, St::Future, Box<Pending<S, B, St, I>>>,
+        body: PhantomData<fn() -> M>,
     }
 }
 
@@ -518,25 +525,28 @@ pin_project! {
     }
 }
 
-impl<S, B, St, I> ResponseFuture<S, B, St, I>
+impl<S, B, St, I, M> ResponseFuture<S, B, St, I, M>
 where
     S: Service<Request<B>>,
     St: Store,
     I: Identify,
 {
-    fn calling(fut: S::Future, headers: Option<RateHeaders>) -> Self {
+    fn new(state: StateOf<S, B, St, I>) -> Self {
         Self {
-            state: State::Calling { fut, headers },
+            state,
+            body: PhantomData,
         }
     }
 
+    fn calling(fut: S::Future, headers: Option<RateHeaders>) -> Self {
+        Self::new(State::Calling { fut, headers })
+    }
+
     fn answer(response: Response<Bytes>, headers: Option<RateHeaders>) -> Self {
-        Self {
-            state: State::Answer {
-                response: Some(response),
-                headers,
-            },
-        }
+        Self::new(State::Answer {
+            response: Some(response),
+            headers,
+        })
     }
 }
 
@@ -576,7 +586,7 @@ where
     }
 }
 
-impl<S, B, St, I> fmt::Debug for ResponseFuture<S, B, St, I>
+impl<S, B, St, I, M> fmt::Debug for ResponseFuture<S, B, St, I, M>
 where
     S: Service<Request<B>>,
     St: Store,
@@ -587,13 +597,14 @@ where
     }
 }
 
-impl<S, B, St, I, ResBody> Future for ResponseFuture<S, B, St, I>
+impl<S, B, St, I, M, ResBody> Future for ResponseFuture<S, B, St, I, M>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
     St: Store,
     I: Identify,
+    M: BodyMode<ResBody>,
 {
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -631,7 +642,7 @@ where
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                    return Poll::Ready(Ok(response.map(M::inner)));
                 }
                 StateProj::Answer { response, headers } => {
                     let Some(mut response) = response.take() else {
@@ -640,7 +651,7 @@ where
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response.map(RateLimitBody::full)));
+                    return Poll::Ready(Ok(response.map(M::written)));
                 }
             };
             state.set(next);

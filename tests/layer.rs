@@ -211,6 +211,71 @@ async fn works_on_a_plain_tower_service() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// With `same_body`, the service answers with the inner body type itself:
+/// the inner body untouched when allowed, the layer's own answer (same
+/// status, headers and bytes as the wrapped mode) made into that type when
+/// denied or failed.
+#[tokio::test]
+async fn same_body_keeps_the_inner_body_type_and_the_answers() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let inner = tower::service_fn(move |_req: Request<()>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        ready(Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Full::new(Bytes::from_static(b"inner")),
+        )))
+    });
+    let request = || Request::builder().uri("/a").body(()).unwrap();
+    let wrapped = RateLimitLayer::new(rules(), MemoryStore::new()).identify(Global);
+    let same = RateLimitLayer::new(rules(), MemoryStore::new())
+        .identify(Global)
+        .same_body();
+    let wrapped = tower::Layer::layer(&wrapped, inner.clone());
+    // The annotation is the point: the response body is the inner one's type.
+    let same: tower_ratelimit::RateLimit<_, _, _, tower_ratelimit::SameBody> =
+        tower::Layer::layer(&same, inner);
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let a = wrapped.clone().oneshot(request()).await.unwrap();
+        let b: Response<http_body_util::Full<Bytes>> =
+            same.clone().oneshot(request()).await.unwrap();
+        assert_eq!(a.status(), b.status());
+        assert_eq!(a.headers(), b.headers());
+        let a = a.into_body().collect().await.unwrap().to_bytes();
+        let b = b.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(a, b);
+        answers.push(b);
+    }
+    assert_eq!(answers[0], "inner");
+    assert!(std::str::from_utf8(&answers[1]).unwrap().contains("429"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // A failing store, closed: the 503 is made into the inner type too.
+    let store = BrokenStore::default();
+    let closed = RateLimitLayer::new(rules(), store)
+        .identify(Global)
+        .fail_mode(FailMode::Closed)
+        .same_body();
+    let service = tower::Layer::layer(
+        &closed,
+        tower::service_fn(|_req: Request<()>| {
+            ready(Ok::<_, std::convert::Infallible>(Response::new(
+                Body::from("inner"),
+            )))
+        }),
+    );
+    let reply: Response<Body> = service.oneshot(request()).await.unwrap();
+    assert_eq!(reply.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.headers()["retry-after"], "1");
+    assert!(!reply
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .is_empty());
+}
+
 #[tokio::test]
 async fn spoofed_forwarding_headers_cannot_change_the_identity() {
     use tower_ratelimit::identity::ForwardedIp;
