@@ -66,10 +66,11 @@
 //! no key outlives its usefulness.
 
 use std::future::Future;
+use std::io::Write as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -371,13 +372,34 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     }
 
     /// Runs the script on the current connection, and notices when the
-    /// connection breaks.
+    /// connection breaks. The connection's response timeout (`deadline`)
+    /// bounds each command; a `NOSCRIPT` reload and its second try are
+    /// bounded together by what is left of `deadline`.
     async fn invoke(
         self: &Arc<Self>,
-        invocation: &redis::ScriptInvocation<'_>,
+        cmd: &redis::Cmd,
+        script: &Script,
+        deadline: Duration,
     ) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.get().ok_or_else(not_connected)?;
-        let result = invocation.invoke_async(&mut conn).await;
+        let started = Instant::now();
+        let result = match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let left = deadline.saturating_sub(started.elapsed());
+                let retry = async {
+                    script.prepare_invoke().load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                };
+                match tokio::time::timeout(left, retry).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        self.observe_timeout();
+                        return Err(StoreError::timeout());
+                    }
+                }
+            }
+            result => result,
+        };
         self.observe(&result);
         result.map_err(store_error)
     }
@@ -521,68 +543,160 @@ impl RedisStore {
     /// One key of a check (see [`keys`](Self::keys)); the route's needs a
     /// route-wide check.
     fn key(&self, check: &Check, kind: KeyKind) -> String {
-        let prefix = &*self.inner.prefix;
-        let alg = suffix(check.algorithm);
-        let budget = &check.budget;
-        match (&check.global, kind) {
-            // Every key shares the route's tag, so the script may touch them
-            // all on one Cluster node.
-            (Some(global), KeyKind::State) => {
-                format!("{prefix}:{{{}}}:{budget}:{alg}", global.tag())
-            }
-            (Some(global), KeyKind::Block) => format!("{prefix}:{{{}}}:{budget}:b", global.tag()),
-            (Some(global), KeyKind::Route) => format!("{prefix}:{{{}}}:*:{alg}", global.tag()),
-            (None, KeyKind::State) => format!("{prefix}:{{{budget}}}:{alg}"),
-            (None, KeyKind::Block) => format!("{prefix}:{{{budget}}}:b"),
-            (None, KeyKind::Route) => String::new(),
-        }
+        let mut key = String::new();
+        write_key(&self.inner.prefix, check, kind, |piece| key.push_str(piece));
+        key
     }
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
-        let store = RedisStore {
-            inner: inner.clone(),
-        };
-        let mut invocation = inner.scripts.get(&check).prepare_invoke();
-        // The block marker only when the script may touch it, or as the
-        // place holder before the route's key: every key costs Redis
-        // about 1,500 instructions per call (and is one more string here).
-        invocation.key(store.key(&check, KeyKind::State));
-        if check.block.is_some() || check.global.is_some() {
-            invocation.key(store.key(&check, KeyKind::Block));
-        }
-        if check.global.is_some() {
-            invocation.key(store.key(&check, KeyKind::Route));
-        }
-        invocation.arg(script_args(&check));
-        // The other shapes' futures are boxed: they are several times the
-        // multiplexed connection's, and a check's future is as large as the
-        // largest of them (7 KiB unboxed), copied whenever it moves.
-        let call = async {
-            match &inner.backend {
-                Backend::Direct(lazy) => lazy.invoke(&invocation).await,
-                Backend::Cluster(lazy) => Box::pin(lazy.invoke(&invocation)).await,
-                Backend::Pool(pool) => {
-                    Box::pin(async { invoke(pool.get().await, &invocation).await }).await
-                }
-                Backend::ClusterPool(pool) => {
-                    Box::pin(async { invoke(pool.get().await, &invocation).await }).await
+        let script = inner.scripts.get(&check);
+        let cmd = eval_cmd(&inner.prefix, script, &check);
+        let deadline = inner.timeout;
+        let reply = match &inner.backend {
+            // The connection's own response timeout (the store's) bounds
+            // this call: no second timer per request.
+            Backend::Direct(lazy) => lazy.invoke(&cmd, script, deadline).await,
+            // The other shapes' futures are boxed: they are several times
+            // the multiplexed connection's, and a check's future is as large
+            // as the largest of them, copied whenever it moves. A Cluster
+            // client may retry, and a pool may wait for a connection: the
+            // store's deadline bounds them as a whole.
+            Backend::Cluster(lazy) => {
+                let call = Box::pin(lazy.invoke(&cmd, script, deadline));
+                match tokio::time::timeout(deadline, call).await {
+                    Ok(reply) => reply,
+                    Err(_) => {
+                        lazy.observe_timeout();
+                        Err(StoreError::timeout())
+                    }
                 }
             }
-        };
-        let reply = match tokio::time::timeout(inner.timeout, call).await {
-            Ok(reply) => reply?,
-            Err(_) => {
-                match &inner.backend {
-                    Backend::Direct(lazy) => lazy.observe_timeout(),
-                    Backend::Cluster(lazy) => lazy.observe_timeout(),
-                    Backend::Pool(_) | Backend::ClusterPool(_) => {}
-                }
-                return Err(StoreError::timeout());
+            Backend::Pool(pool) => {
+                Box::pin(bounded(deadline, async {
+                    invoke(pool.get().await, &cmd, script).await
+                }))
+                .await
             }
-        };
+            Backend::ClusterPool(pool) => {
+                Box::pin(bounded(deadline, async {
+                    invoke(pool.get().await, &cmd, script).await
+                }))
+                .await
+            }
+        }?;
         decode(&check, &reply)
     }
 }
+
+/// `fut`, or a timeout error once `deadline` has passed.
+async fn bounded<T>(
+    deadline: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(deadline, fut)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::timeout()))
+}
+
+/// Writes one key of a check (see [`RedisStore::keys`]), piece by piece.
+fn write_key(prefix: &str, check: &Check, kind: KeyKind, mut put: impl FnMut(&str)) {
+    let alg = suffix(check.algorithm);
+    let budget = &*check.budget;
+    // Every key shares the route's tag when the check has route-wide
+    // windows, so the script may touch them all on one Cluster node.
+    let (tag, rest) = match &check.global {
+        Some(global) => (global.tag(), Some(budget)),
+        None => (budget, None),
+    };
+    let last = match kind {
+        KeyKind::State => alg,
+        KeyKind::Block => "b",
+        KeyKind::Route if check.global.is_some() => alg,
+        KeyKind::Route => return,
+    };
+    put(prefix);
+    put(":{");
+    put(tag);
+    put("}:");
+    match (kind, rest) {
+        (KeyKind::Route, _) => put("*:"),
+        (_, Some(budget)) => {
+            put(budget);
+            put(":");
+        }
+        (_, None) => {}
+    }
+    put(last);
+}
+
+/// A check's `EVALSHA`, its keys and its packed numbers written straight
+/// into the command's one buffer (made at its size): no string per key,
+/// no vector per argument, no copy of them into the command.
+fn eval_cmd(prefix: &str, script: &Script, check: &Check) -> redis::Cmd {
+    // The block marker only when the script may touch it, or as the
+    // place holder before the route's key: every key costs Redis about
+    // 1,500 instructions per call.
+    let with_block = check.block.is_some() || check.global.is_some();
+    let with_route = check.global.is_some();
+    let keys = 1 + usize::from(with_block) + usize::from(with_route);
+    let key_len = prefix.len() + check.budget.len() + 24;
+    let mut cmd = redis::Cmd::with_capacity(4 + keys, 60 + keys * key_len + args_len(check));
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    let key = |kind| KeyArg {
+        prefix,
+        check,
+        kind,
+    };
+    cmd.arg(key(KeyKind::State));
+    if with_block {
+        cmd.arg(key(KeyKind::Block));
+    }
+    if with_route {
+        cmd.arg(key(KeyKind::Route));
+    }
+    cmd.arg(ScriptArgs(check));
+    cmd
+}
+
+/// One key of a check, written into a command as it is formatted.
+struct KeyArg<'a> {
+    prefix: &'a str,
+    check: &'a Check,
+    kind: KeyKind,
+}
+
+impl redis::ToRedisArgs for KeyArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        write_key(self.prefix, self.check, self.kind, |piece| {
+            let _ = w.write_all(piece.as_bytes());
+        });
+    }
+}
+
+impl redis::ToSingleRedisArg for KeyArg<'_> {}
+
+/// A check's [`script_args`], written into a command.
+struct ScriptArgs<'a>(&'a Check);
+
+impl redis::ToRedisArgs for ScriptArgs<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        // Gathered on the stack (a check of up to 16 windows in all), then
+        // written at once.
+        let mut buf = arrayvec::ArrayVec::<u8, { 8 * (5 + 2 * 16) }>::new();
+        let mut w = out.writer_for_next_arg();
+        each_script_number(self.0, |n| {
+            if buf.try_extend_from_slice(&n.to_le_bytes()).is_err() {
+                let _ = w.write_all(&buf);
+                buf.clear();
+                let _ = buf.try_extend_from_slice(&n.to_le_bytes());
+            }
+        });
+        let _ = w.write_all(&buf);
+    }
+}
+
+impl redis::ToSingleRedisArg for ScriptArgs<'_> {}
 
 /// The one argument of a check's script call (`ARGV[1]`, see
 /// `scripts/prelude.lua`): its numbers packed as little-endian signed 64-bit
@@ -609,9 +723,20 @@ impl RedisStore {
 /// # Ok::<(), tower_ratelimit::ConfigError>(())
 /// ```
 pub fn script_args(check: &Check) -> Vec<u8> {
+    let mut out = Vec::with_capacity(args_len(check));
+    each_script_number(check, |n| out.extend_from_slice(&n.to_le_bytes()));
+    out
+}
+
+/// The length of a check's [`script_args`].
+fn args_len(check: &Check) -> usize {
+    let global = check.global.as_ref().map_or(0, |g| g.windows.len());
+    8 * (5 + 2 * (check.windows.len() + global))
+}
+
+/// Each number of a check's [`script_args`], in order.
+fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
     let global_windows = check.global.as_ref().map_or(&[][..], |g| &g.windows[..]);
-    let mut out = Vec::with_capacity(8 * (5 + 2 * (check.windows.len() + global_windows.len())));
-    let mut push = |n: i64| out.extend_from_slice(&n.to_le_bytes());
     push(check.now.map_or(-1, |now| saturating_i64(now.as_micros())));
     push(i64::from(check.cost));
     push(saturating_i64(
@@ -623,7 +748,6 @@ pub fn script_args(check: &Check) -> Vec<u8> {
         push(saturating_i64(w.micros()));
         push(i64::from(w.limit()));
     }
-    out
 }
 
 fn saturating_i64(n: u64) -> i64 {
@@ -633,17 +757,32 @@ fn saturating_i64(n: u64) -> i64 {
 /// Runs the script on a connection checked out of a pool.
 async fn invoke<C, E>(
     conn: Result<C, E>,
-    invocation: &redis::ScriptInvocation<'_>,
+    cmd: &redis::Cmd,
+    script: &Script,
 ) -> Result<Vec<i64>, StoreError>
 where
     C: ConnectionLike,
     E: std::error::Error + Send + Sync + 'static,
 {
     let mut conn = conn.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e))?;
-    invocation
-        .invoke_async(&mut conn)
-        .await
-        .map_err(store_error)
+    eval(&mut conn, cmd, script).await.map_err(store_error)
+}
+
+/// Sends `cmd` (an `EVALSHA` of `script`); on `NOSCRIPT` (a flushed or
+/// restarted server, a Cluster node that never saw it), loads the script
+/// through the same connection and sends it again.
+async fn eval<C: ConnectionLike>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    script: &Script,
+) -> RedisResult<Vec<i64>> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        reply => reply,
+    }
 }
 
 /// Reads the script's reply:
