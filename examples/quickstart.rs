@@ -20,7 +20,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/hello", get(|| async { "hello\n" }))
         .route("/free", get(|| async { "not limited\n" }))
-        .layer(RateLimitLayer::new(rules, MemoryStore::new()));
+        // same_body: responses keep axum's body type (axum boxes any other).
+        .layer(RateLimitLayer::new(rules, MemoryStore::new()).same_body());
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://{}", listener.local_addr()?);

@@ -37,7 +37,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let layer = RateLimitLayer::new(rules, store)
         .fail_mode(FailMode::Open)
-        .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key")));
+        .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key")))
+        .same_body();
 
     let app = Router::new()
         .route("/api/hello", get(|| async { "hello\n" }))

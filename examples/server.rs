@@ -148,7 +148,9 @@ async fn serve<St: Store>(
     let proxies = Arc::new(ForwardedIp::new(&args.trusted_proxies)?);
     let layer = RateLimitLayer::new(config.into_rules(), store)
         .fail_mode(mode)
-        .identify(move |head: &Parts| std::future::ready(identify(head, &groups, &proxies)));
+        .identify(move |head: &Parts| std::future::ready(identify(head, &groups, &proxies)))
+        // Responses keep axum's own body type: no box per response.
+        .same_body();
     let app = Router::new()
         .fallback(|uri: http::Uri| async move { format!("ok {}\n", uri.path()) })
         .layer(layer);
