@@ -4,10 +4,13 @@
 -- window stored).
 local $each(, ){e@, c@, s@} = $each(, ){0, 0, 0}
 if raw then
-  if string.len(raw) ~= $BYTES then raw = remap(raw, { $each(, ){d@} }, 3) end
-  $each(, ){e@, c@, s@} = struct.unpack('<$each(){i8i8i8}', raw)
-  if $each( or ){e@ ~= d@} then
-    $each(, ){e@, c@, s@} = struct.unpack('<$each(){i8i8i8}', remap(raw, { $each(, ){d@} }, 3))
+  if #raw == $BYTES then
+    $each(, ){e@, c@, s@} = struct.unpack('<$each(){i8i8i8}', raw)
+  end
+  if #raw ~= $BYTES or $each( or ){e@ ~= d@} then
+$REMAP
+    $each(, ){e@, c@, s@} =
+      struct.unpack('<$each(){i8i8i8}', remap(raw, { $each(, ){d@} }, 3))
   end
 end
 local retry = 0

@@ -4,10 +4,8 @@
 -- counter_state.lua), on the same arguments, keys and stored state, but
 -- with every number in a local and no loop, table or function on the usual
 -- path: 20-40% fewer instructions per call (BENCHMARKS.md). The store
--- expands them from these templates (src/store/template.rs: lines between
--- --$each and --$end repeat per window with @ for its number,
--- $each(SEP){TEXT} repeats TEXT, $N is the number of windows, $BYTES the
--- size of a counter algorithm's stored state).
+-- expands them from templates, scripts/straight_*.lua, once per window
+-- count (src/store/template.rs says how).
 
 local now, cost, _, _, _, $each(, ){d@, n@} =
   struct.unpack('<i8i8i8i8i8$each(){i8i8}', ARGV[1])

@@ -2,7 +2,8 @@
   -- until `expires`, when its last window has ended: whole milliseconds,
   -- rounded up, at least 1, passed as a number (below 10^14, Redis writes
   -- it exactly). When the stored state's windows ended at that very time
-  -- (`before`: the same fixed windows), the TTL it was saved with still
+  -- (`before`: the same fixed windows, or a bucket's TAT rounded to the
+  -- same second), the TTL it was saved with still
   -- holds, and KEEPTTL spares Redis the expiry update (4.4k of the 11k
   -- instructions of SET ... PX). Only on the server's clock: an injected
   -- clock's TTLs are padded and run on another clock.

@@ -5,9 +5,11 @@
 -- the window stored).
 local $each(, ){x@, c@, p@, s@} = $each(, ){0, 0, 0, 0}
 if raw then
-  if string.len(raw) ~= $BYTES then raw = remap(raw, { $each(, ){d@} }, 4) end
-  $each(, ){x@, c@, p@, s@} = struct.unpack('<$each(){i8i8i8i8}', raw)
-  if $each( or ){x@ ~= d@} then
+  if #raw == $BYTES then
+    $each(, ){x@, c@, p@, s@} = struct.unpack('<$each(){i8i8i8i8}', raw)
+  end
+  if #raw ~= $BYTES or $each( or ){x@ ~= d@} then
+$REMAP
     $each(, ){x@, c@, p@, s@} =
       struct.unpack('<$each(){i8i8i8i8}', remap(raw, { $each(, ){d@} }, 4))
   end

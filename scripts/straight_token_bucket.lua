@@ -3,12 +3,23 @@
 -- ai, and a token comes back every ti = ceil(di / ni) microseconds.
 local $each(, ){e@, a@} = $each(, ){0, 0}
 if raw then
-  if string.len(raw) ~= $BYTES then raw = remap(raw, { $each(, ){d@} }, 2) end
-  $each(, ){e@, a@} = struct.unpack('<$each(){i8i8}', raw)
-  if $each( or ){e@ ~= d@} then
-    $each(, ){e@, a@} = struct.unpack('<$each(){i8i8}', remap(raw, { $each(, ){d@} }, 2))
+  if #raw == $BYTES then
+    $each(, ){e@, a@} = struct.unpack('<$each(){i8i8}', raw)
+  end
+  if #raw ~= $BYTES or $each( or ){e@ ~= d@} then
+$REMAP
+    $each(, ){e@, a@} =
+      struct.unpack('<$each(){i8i8}', remap(raw, { $each(, ){d@} }, 2))
   end
 end
+-- The state's TTL runs to its last TAT rounded up to a whole second
+-- (token_bucket.lua rounds alike): `before` is the one the stored TATs
+-- gave, which the last save set.
+local before = 0
+--$each
+if a@ > before then before = a@ end
+--$end
+before = before - before % 1000000 + 1000000
 local retry = 0
 --$each
 if a@ < now then a@ = now end
@@ -24,12 +35,15 @@ end
 local allowed = 0
 if retry == 0 then
   allowed = 1
-  -- (A bucket's TTL moves with every request it allows: before stays 0.)
-  local expires, before = now, 0
+  -- (Every request a bucket allows moves its TAT, but a busy bucket's
+  -- rounded TAT stays in the same second for many requests: their saves
+  -- keep the TTL.)
+  local expires = now
 --$each
   a@ = a@ + cost * t@
   if a@ > expires then expires = a@ end
 --$end
+  expires = expires - expires % 1000000 + 1000000
   local state = struct.pack('<$each(){i8i8}', $each(, ){d@, a@})
 $SAVE
 end

@@ -30,7 +30,10 @@ if user_ok and route_ok then
     local d, size = V[4 + 2 * w] - 1, V[5 + 2 * w]
     local tat = S[2 * w] + cost * ((d - d % size) / size + 1)
     S[2 * w] = tat
-    out[4 + w] = tat
+    -- (The TTL runs to the last TAT rounded up to a whole second, as
+    -- straight_token_bucket.lua has it: a save there keeps a TTL whose
+    -- rounded TAT has not moved.)
+    out[4 + w] = tat - tat % 1000000 + 1000000
   end
   save_state(S, out, 2, UN, GN, now, ttl_pad)
 elseif block_user and not user_ok then

@@ -228,8 +228,9 @@ async fn counter_states_live_until_their_longest_window_lets_go() {
     // until the next minute ends (its count still weighs in then).
     let port = port_of(&shared().standalone);
     for (algorithm, bounds) in [
-        // (The second request takes the bucket's next token: 12 s more.)
-        (Algorithm::TokenBucket, [(11_500, 12_000), (23_500, 24_000)]),
+        // (The second request takes the bucket's next token: 12 s more.
+        // A bucket's TTL runs to its TAT rounded up to a whole second.)
+        (Algorithm::TokenBucket, [(11_500, 13_000), (23_500, 25_000)]),
         (Algorithm::FixedWindow, [(0, 60_000); 2]),
         (Algorithm::SlidingWindow, [(59_000, 120_000); 2]),
     ] {

@@ -156,6 +156,10 @@ const STRAIGHT_TOKEN_BUCKET: &str = concat!(
 /// templates).
 const STRAIGHT_SAVE: &str = include_str!("../../scripts/straight_save.lua");
 
+/// The rare re-layout of a counter algorithm's stored state for changed
+/// windows (`$REMAP` in the templates, made only where it runs).
+const STRAIGHT_REMAP: &str = include_str!("../../scripts/straight_remap.lua");
+
 /// The straight-line script the store runs for a check of `windows` user
 /// windows with `algorithm`, no route-wide windows and no block time, when
 /// there is one (1 to 5 windows): it decides exactly as the general script,
@@ -189,6 +193,7 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
         &[
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
+            ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
         ],
     ))
 }

@@ -1,0 +1,22 @@
+    -- The stored state laid out for the check's windows, in order, each
+    -- with the fields stored for its length (the last window stored with
+    -- it) or zeros, as load_state in counter_state.lua. Only for changed
+    -- windows, and made only here (the straight-line counter scripts
+    -- insert it where it is needed): a function made on every call would
+    -- cost about 400 instructions.
+    local function remap(raw, D, width)
+      local stored = math.floor(string.len(raw) / (8 * width))
+      local R = { struct.unpack(string.rep('<i8', stored * width), raw) }
+      local out = {}
+      for i = 1, table.getn(D) do
+        local from = -1
+        for j = 0, stored - 1 do
+          if R[j * width + 1] == D[i] then from = j * width end
+        end
+        out[table.getn(out) + 1] = D[i]
+        for f = 2, width do
+          out[table.getn(out) + 1] = from >= 0 and R[from + f] or 0
+        end
+      end
+      return struct.pack(string.rep('<i8', table.getn(out)), unpack(out))
+    end
