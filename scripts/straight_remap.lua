@@ -1,9 +1,8 @@
     -- The stored state laid out for the check's windows, in order, each
     -- with the fields stored for its length (the last window stored with
     -- it) or zeros, as load_state in counter_state.lua. Only for changed
-    -- windows, and made only here (the straight-line counter scripts
-    -- insert it where it is needed): a function made on every call would
-    -- cost about 400 instructions.
+    -- windows, so made only in the branch that runs it (the straight-line
+    -- counter scripts insert it there).
     local function remap(raw, D, width)
       local stored = math.floor(string.len(raw) / (8 * width))
       local R = { struct.unpack(string.rep('<i8', stored * width), raw) }
