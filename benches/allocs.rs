@@ -1,6 +1,8 @@
 //! Allocations per request on the memory path, counted by a global
 //! allocator: allowed, denied (from the store and from the denial cache),
-//! and unmatched, through the whole layer with the peer-IP identity.
+//! and unmatched, through the whole layer with the peer-IP identity; then
+//! through an axum router, with the layer's own body type and with
+//! `same_body()`.
 //!
 //! ```sh
 //! cargo bench --bench allocs
@@ -106,6 +108,84 @@ fn baseline(rounds: u64) -> f64 {
     (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64
 }
 
+/// What wraps the router in [`through_axum`].
+#[derive(Clone, Copy)]
+enum Wrap {
+    Bare,
+    /// A layer that does nothing (`MapRequestLayer` with the identity):
+    /// what axum charges any layer.
+    Noop,
+    Governor,
+    Ours,
+    OursSameBody,
+    OursNoHeaders,
+}
+
+/// Allocations per request through an axum router answering "ok", bare or
+/// with a layer (a quota that always allows), beyond building the request.
+fn through_axum(wrap: Wrap, rounds: u64) -> f64 {
+    use axum::{body::Body, extract::ConnectInfo, routing::get, Router};
+    use std::sync::Arc;
+    use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
+    let router = Router::new().route("/api", get(|| async { "ok" }));
+    let rules = || {
+        Rules::builder()
+            .route("^/api", [Rule::new().second(1_000_000)])
+            .build()
+            .unwrap()
+    };
+    // (`with_state` turns the handlers into routes once, with the layer
+    // applied, as `axum::serve` does: without it axum would apply the
+    // layer again on every request.)
+    let mut router: Router = match wrap {
+        Wrap::Bare => router,
+        Wrap::Noop => router.layer(tower::util::MapRequestLayer::new(|r: Request<Body>| r)),
+        Wrap::Governor => {
+            let mut config = GovernorConfigBuilder::default().use_headers();
+            config.per_nanosecond(1).burst_size(1_000_000);
+            router.layer(GovernorLayer::new(Arc::new(config.finish().unwrap())))
+        }
+        Wrap::Ours => router.layer(RateLimitLayer::new(rules(), MemoryStore::new())),
+        Wrap::OursSameBody => {
+            router.layer(RateLimitLayer::new(rules(), MemoryStore::new()).same_body())
+        }
+        Wrap::OursNoHeaders => router.layer(
+            RateLimitLayer::new(rules(), MemoryStore::new())
+                .same_body()
+                .headers(HeaderMode::None),
+        ),
+    }
+    .with_state(());
+    let request = || {
+        let mut request = Request::builder().uri("/api").body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([10, 1, 2, 3], 4000))));
+        request
+    };
+    let mut run = |n: u64| {
+        for _ in 0..n {
+            let request = request();
+            let ready = <Router as ServiceExt<Request<Body>>>::ready(&mut router)
+                .now_or_never()
+                .unwrap()
+                .unwrap();
+            let response = ready.call(request).now_or_never().unwrap().unwrap();
+            assert_eq!(response.status(), 200);
+            drop(response);
+        }
+    };
+    run(1000);
+    let before = ALLOCS.load(Ordering::Relaxed);
+    run(rounds);
+    let served = (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64;
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..rounds {
+        drop(request());
+    }
+    served - (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64
+}
+
 fn main() {
     let rounds = 100_000;
     let base = baseline(rounds);
@@ -142,5 +222,20 @@ fn main() {
     ];
     for (name, allocs) in rows {
         println!("  {name:<30} {:>5.1}", allocs - base);
+    }
+    println!(
+        "allocations per allowed request through an axum router, beyond building the request:"
+    );
+    let bare = through_axum(Wrap::Bare, rounds);
+    println!("  {:<36} {bare:>5.1}", "bare router");
+    for (name, wrap) in [
+        ("a layer that does nothing", Wrap::Noop),
+        ("tower_governor (headers on)", Wrap::Governor),
+        ("this crate", Wrap::Ours),
+        ("this crate, same_body()", Wrap::OursSameBody),
+        ("this crate, same_body(), no headers", Wrap::OursNoHeaders),
+    ] {
+        let allocs = through_axum(wrap, rounds);
+        println!("  {name:<36} {allocs:>5.1} ({:+.1})", allocs - bare);
     }
 }

@@ -51,10 +51,24 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     }
 }
 
-/// A header value formatted on the spot (out of line: rare).
+/// A header value formatted on the spot (out of line: rare). Its digits
+/// are written on the stack and copied once into a buffer of their exact
+/// size: one allocation, where `HeaderValue::from(u64)` makes two (a
+/// growable buffer, then a shared one when it is frozen).
 #[inline(never)]
-fn big_number(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
+fn big_number(mut n: u64) -> HeaderValue {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 || start == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&digits[start..]))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 /// The header values of 0 .. [`SMALL_NUMBERS`], made once.
@@ -273,6 +287,14 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn numbers_become_their_digits() {
+        for n in [0, 9, 10, 4095, 4096, 999_999, 1_000_000_007, u64::MAX] {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
+            assert_eq!(big_number(n).to_str().unwrap(), n.to_string(), "{n}");
+        }
     }
 
     #[test]
