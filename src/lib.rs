@@ -25,7 +25,9 @@
 //!                 })
 //!             }
 //!         },
-//!     ));
+//!     )
+//!     // Under axum: responses keep axum's own body type (no box per response).
+//!     .same_body());
 //! # Ok::<(), tower_ratelimit::ConfigError>(())
 //! ```
 //!
