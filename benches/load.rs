@@ -114,7 +114,8 @@ async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) ->
     // time, no route-wide windows).
     inv.key(format!("ceil:{{r:{user}}}:l")).arg(&c.args[..]);
     let mut conn = c.conn.clone();
-    match inv.invoke_async::<Vec<i64>>(&mut conn).await {
+    // (The reply is packed little-endian i64s; the first is "allowed".)
+    match inv.invoke_async::<Vec<u8>>(&mut conn).await {
         Ok(reply) if reply.first() == Some(&1) => next.run(request).await,
         Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),

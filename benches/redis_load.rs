@@ -104,8 +104,9 @@ async fn sliding_log(
     let args = script_args(&Check::new("-", windows.to_vec()));
     let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
     inv.arg(args);
-    let r: Vec<i64> = inv.invoke_async(conn).await.unwrap();
-    r[0]
+    // (The reply is packed little-endian i64s; the first is "allowed".)
+    let r: Vec<u8> = inv.invoke_async(conn).await.unwrap();
+    i64::from(r[0])
 }
 
 async fn run(shape: &Shape, checks: usize) -> f64 {

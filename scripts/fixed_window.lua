@@ -46,4 +46,5 @@ for w = 1, W do
   if best == 0 or r < least then best, least = w, r end
 end
 if best > 0 then out[3] = (S[3 * best] + 1) * V[4 + 2 * best] - now end
-return out
+-- (The reply, packed: see prelude.lua.)
+return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))

@@ -15,8 +15,11 @@
 --            then (length us, limit) of every window: the user's, shortest
 --            first, then the route's, shortest first.
 --
--- Reply: { allowed (0/1), retry_after_us, reset_us, blocked (0/1),
--- remaining of every user window, then of every route-wide window }, where
+-- Reply: one string of little-endian signed 64-bit integers, packed like
+-- ARGV[1] (one bulk string is cheaper for Redis to write and for the client
+-- to read than an array of integers): allowed (0/1), retry_after_us,
+-- reset_us, blocked (0/1), the remaining of every user window, then of
+-- every route-wide window, where
 -- reset_us belongs to the constraining window (fewest remaining; ties: the
 -- first in that order: the user's, then the shorter). All or nothing: a
 -- request is recorded in every window of both budgets, or in none.
@@ -74,7 +77,7 @@ if block > 0 then
   local function blocked(wait)
     out[1], out[2], out[3], out[4] = 0, wait, wait, 1
     for w = 1, W do out[4 + w] = 0 end
-    return out
+    return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))
   end
   local blocked_until = tonumber(redis.call('GET', KEYS[2]))
   if blocked_until and blocked_until > now then

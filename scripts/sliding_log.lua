@@ -92,4 +92,5 @@ if best > 0 and C[best] > 0 then
   if best > UN then b = 2 end
   out[3] = entry_at(keys[b], total[b] - C[best]) + V[4 + 2 * best] - now
 end
-return out
+-- (The reply, packed: see prelude.lua.)
+return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))

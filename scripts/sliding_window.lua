@@ -58,4 +58,5 @@ if best > 0 then
   out[3] = wait_for(S[4 * best - 1], S[4 * best - 2], d, now - S[4 * best] * d,
     V[5 + 2 * best], least + 1)
 end
-return out
+-- (The reply, packed: see prelude.lua.)
+return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))

@@ -45,4 +45,4 @@ local r@ = n@ - c@
 if r@ < 0 then r@ = 0 end
 if r@ < least then least, reset = r@, (k@ + 1) * d@ - now end
 --$end
-return { allowed, retry, reset, 0, $each(, ){r@} }
+return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})

@@ -62,4 +62,4 @@ if best_count > 0 then
   local rank = fmt('%d', size - best_count)
   reset = redis.call('ZRANGE', key, rank, rank)[1] + best_length - now
 end
-return { allowed, retry, reset, 0, $each(, ){r@} }
+return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})

@@ -53,4 +53,4 @@ local reset = 0
 --$each
 if best == @ then reset = wait_for(p@, c@, d@, e@, n@, least + 1) end
 --$end
-return { allowed, retry, reset, 0, $each(, ){r@} }
+return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})

@@ -61,4 +61,4 @@ if least < size then
   reset = tat - now - (size - least - 1) * t
   if reset < 0 then reset = 0 end
 end
-return { allowed, retry, reset, 0, $each(, ){r@} }
+return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})

@@ -58,4 +58,5 @@ if best > 0 and least < V[5 + 2 * best] then
   local wait = S[2 * best] - now - (V[5 + 2 * best] - least - 1) * best_t
   if wait > 0 then out[3] = wait end
 end
-return out
+-- (The reply, packed: see prelude.lua.)
+return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))

@@ -385,7 +385,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         cmd: &redis::Cmd,
         script: &Script,
         deadline: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<u8>, StoreError> {
         let mut conn = self.get().ok_or_else(not_connected)?;
         let started = Instant::now();
         let result = match cmd.query_async(&mut conn).await {
@@ -764,7 +764,7 @@ async fn invoke<C, E>(
     conn: Result<C, E>,
     cmd: &redis::Cmd,
     script: &Script,
-) -> Result<Vec<i64>, StoreError>
+) -> Result<Vec<u8>, StoreError>
 where
     C: ConnectionLike,
     E: std::error::Error + Send + Sync + 'static,
@@ -780,7 +780,7 @@ async fn eval<C: ConnectionLike>(
     conn: &mut C,
     cmd: &redis::Cmd,
     script: &Script,
-) -> RedisResult<Vec<i64>> {
+) -> RedisResult<Vec<u8>> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             script.prepare_invoke().load_async(conn).await?;
@@ -790,36 +790,43 @@ async fn eval<C: ConnectionLike>(
     }
 }
 
-/// Reads the script's reply:
-/// `{ allowed, retry_us, reset_us, blocked, remaining* }`.
-fn decode(check: &Check, reply: &[i64]) -> Result<Decision, StoreError> {
-    let [allowed, retry, reset, blocked, remaining @ ..] = reply else {
-        return Err(unexpected(reply));
-    };
+/// Reads the script's reply: one string of little-endian signed 64-bit
+/// integers (see `scripts/prelude.lua`): allowed, retry (µs), reset (µs),
+/// blocked, then the remaining of every window.
+fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
     let global = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
-    let windows = check.windows.iter().chain(global);
-    if remaining.len() != check.windows.len() + global.len() {
+    let count = check.windows.len() + global.len();
+    if reply.len() != 8 * (4 + count) {
         return Err(unexpected(reply));
     }
+    let mut numbers = reply.chunks_exact(8).map(|c| {
+        let mut n = [0u8; 8];
+        n.copy_from_slice(c);
+        i64::from_le_bytes(n)
+    });
+    let mut next = || numbers.next().unwrap_or(0);
+    let (allowed, retry, reset, blocked) = (next(), next(), next(), next());
+    let windows = check.windows.iter().chain(global);
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    if *blocked == 1 {
-        return Ok(Decision::new_blocked(micros(*retry), windows.copied()));
+    if blocked == 1 {
+        return Ok(Decision::new_blocked(micros(retry), windows.copied()));
     }
-    let states = windows
-        .zip(remaining)
-        .map(|(w, &r)| WindowState::new(*w, u32::try_from(r.max(0)).unwrap_or(u32::MAX)));
+    let states = windows.map(|w| {
+        let r = next();
+        WindowState::new(*w, u32::try_from(r.max(0)).unwrap_or(u32::MAX))
+    });
     Ok(Decision::new(
-        *allowed == 1,
-        Some(micros(*retry)),
-        micros(*reset),
+        allowed == 1,
+        Some(micros(retry)),
+        micros(reset),
         states,
     ))
 }
 
-fn unexpected(reply: &[i64]) -> StoreError {
+fn unexpected(reply: &[u8]) -> StoreError {
     StoreError::new(
         StoreErrorKind::Backend,
-        format!("unexpected script reply of {} values", reply.len()),
+        format!("unexpected script reply of {} bytes", reply.len()),
     )
 }
 
