@@ -989,3 +989,48 @@ async fn load_through<C, E>(
         tracing::warn!(%error, "could not load the rate-limit scripts through the pool yet");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Window;
+
+    fn packed(numbers: &[i64]) -> Vec<u8> {
+        numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn a_packed_reply_decodes_per_window() {
+        let windows = [1, 60].map(|s| Window::new(Duration::from_secs(s), 10).unwrap());
+        let check = Check::new("api:alice", windows.to_vec());
+        let decision = decode(&check, &packed(&[1, 0, 250_000, 0, 9, 4])).unwrap();
+        assert!(decision.allowed());
+        assert_eq!(decision.reset_after(), Duration::from_micros(250_000));
+        let remaining: Vec<u32> = decision.windows().iter().map(|w| w.remaining).collect();
+        assert_eq!(remaining, [9, 4]);
+        // Blocked: the wait, nothing remaining anywhere.
+        let blocked = decode(&check, &packed(&[0, 5_000_000, 5_000_000, 1, 0, 0])).unwrap();
+        assert!(!blocked.allowed());
+        assert_eq!(blocked.retry_after(), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_size_is_an_error_not_a_panic() {
+        let windows = [Window::new(Duration::from_secs(1), 10).unwrap()];
+        let check = Check::new("api:alice", windows.to_vec());
+        for reply in [
+            Vec::new(),
+            packed(&[1, 0, 0, 0]),
+            packed(&[1, 0, 0, 0, 9, 9]),
+            vec![1; 41],
+        ] {
+            let error = decode(&check, &reply).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                StoreErrorKind::Backend,
+                "{} bytes",
+                reply.len()
+            );
+        }
+    }
+}
