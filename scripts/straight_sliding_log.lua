@@ -46,7 +46,7 @@ if allowed == 1 then
   local ms = t - 1 + d$N - now - 1
   ms = (ms - ms % 1000) / 1000 + 1
   if ms < 1 then ms = 1 end
-  redis.call('PEXPIRE', key, ms + ttl_pad)
+  redis.call('PEXPIRE', key, fmt('%d', ms + ttl_pad))
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the
