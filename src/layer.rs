@@ -150,10 +150,15 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// Tells users (and their groups) apart with `identity`: a closure or an
     /// [`Identify`] implementation (see [`crate::identity`]).
     pub fn identify<J: Identify>(self, identity: J) -> RateLimitLayer<St, J, M> {
+        self.retyped(Arc::new(identity))
+    }
+
+    /// The same layer with another identity or body mode.
+    fn retyped<J, N>(self, identity: Arc<J>) -> RateLimitLayer<St, J, N> {
         RateLimitLayer {
             rules: self.rules,
             store: self.store,
-            identity: Arc::new(identity),
+            identity,
             options: self.options,
             state: self.state,
             body: PhantomData,
@@ -191,14 +196,8 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// # }).unwrap();
     /// ```
     pub fn same_body(self) -> RateLimitLayer<St, I, SameBody> {
-        RateLimitLayer {
-            rules: self.rules,
-            store: self.store,
-            identity: self.identity,
-            options: self.options,
-            state: self.state,
-            body: PhantomData,
-        }
+        let identity = Arc::clone(&self.identity);
+        self.retyped(identity)
     }
 
     /// A layer configured differently is a different layer: its services

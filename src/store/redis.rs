@@ -389,13 +389,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         let mut conn = self.get().ok_or_else(not_connected)?;
         let started = Instant::now();
         let result = match cmd.query_async(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(e) if is_noscript(&e) => {
                 let left = deadline.saturating_sub(started.elapsed());
-                let retry = async {
-                    script.prepare_invoke().load_async(&mut conn).await?;
-                    cmd.query_async(&mut conn).await
-                };
-                match tokio::time::timeout(left, retry).await {
+                match tokio::time::timeout(left, reload_and_retry(&mut conn, cmd, script)).await {
                     Ok(result) => result,
                     Err(_) => {
                         self.observe_timeout();
@@ -679,8 +675,6 @@ impl redis::ToRedisArgs for KeyArg<'_> {
     }
 }
 
-impl redis::ToSingleRedisArg for KeyArg<'_> {}
-
 /// A check's [`script_args`], written into a command.
 struct ScriptArgs<'a>(&'a Check);
 
@@ -700,8 +694,6 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
         let _ = w.write_all(&buf);
     }
 }
-
-impl redis::ToSingleRedisArg for ScriptArgs<'_> {}
 
 /// The one argument of a check's script call (`ARGV[1]`, see
 /// `scripts/prelude.lua`): its numbers packed as little-endian signed 64-bit
@@ -782,12 +774,24 @@ async fn eval<C: ConnectionLike>(
     script: &Script,
 ) -> RedisResult<Vec<u8>> {
     match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.prepare_invoke().load_async(conn).await?;
-            cmd.query_async(conn).await
-        }
+        Err(e) if is_noscript(&e) => reload_and_retry(conn, cmd, script).await,
         reply => reply,
     }
+}
+
+/// Whether Redis did not know the script (`NOSCRIPT`).
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Loads `script` through `conn` and sends `cmd` again.
+async fn reload_and_retry<C: ConnectionLike>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    script: &Script,
+) -> RedisResult<Vec<u8>> {
+    script.prepare_invoke().load_async(conn).await?;
+    cmd.query_async(conn).await
 }
 
 /// Reads the script's reply: one string of little-endian signed 64-bit
