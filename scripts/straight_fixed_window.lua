@@ -13,20 +13,18 @@ $REMAP
       struct.unpack('<$each(){i8i8i8}', remap(raw, { $each(, ){d@} }, 3))
   end
 end
-local retry = 0
+-- The script decides and records; its reply is whether it allowed the
+-- request, its clock and the state as it left it, and the store works the
+-- remaining counts, the reset and the retry out of them with the memory
+-- store's own function (src/store/redis.rs, decode_counters): Redis spends
+-- nothing on the report.
+local allowed = 1
 --$each
 local k@ = (now - now % d@) / d@
 if s@ ~= k@ then c@ = 0 end
-if c@ + cost > n@ then
-  local wait = (k@ + 1) * d@ - now
-  if cost > n@ then wait = d@ end
-  if wait > retry then retry = wait end
-end
+if c@ + cost > n@ then allowed = 0 end
 --$end
--- (A denying window always leaves retry > 0.)
-local allowed = 0
-if retry == 0 then
-  allowed = 1
+if allowed == 1 then
   local expires, before = now, 0
 --$each
   c@ = c@ + cost
@@ -35,14 +33,6 @@ if retry == 0 then
 --$end
   local state = struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@})
 $SAVE
+  return struct.pack('<i8i8', 1, now) .. state
 end
-
--- Remaining = limit - count, at least 0, and the constraining window (the
--- first with the fewest), which resets when it ends.
-local least, reset = 9007199254740992, 0
---$each
-local r@ = n@ - c@
-if r@ < 0 then r@ = 0 end
-if r@ < least then least, reset = r@, (k@ + 1) * d@ - now end
---$end
-return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})
+return struct.pack('<i8i8$each(){i8i8i8}', 0, now, $each(, ){d@, c@, k@})

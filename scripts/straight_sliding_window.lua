@@ -14,7 +14,9 @@ $REMAP
       struct.unpack('<$each(){i8i8i8i8}', remap(raw, { $each(, ){d@} }, 4))
   end
 end
-local allowed, retry = 1, 0
+-- The script decides and records; the store reports (see
+-- straight_fixed_window.lua).
+local allowed = 1
 --$each
 local e@ = now % d@
 local k@ = (now - e@) / d@
@@ -23,11 +25,7 @@ if s@ == k@ - 1 then
 elseif s@ ~= k@ then
   c@, p@ = 0, 0
 end
-if p@ * (d@ - e@) / d@ + c@ + cost > n@ then
-  allowed = 0
-  local wait = wait_for(p@, c@, d@, e@, n@, cost)
-  if wait > retry then retry = wait end
-end
+if p@ * (d@ - e@) / d@ + c@ + cost > n@ then allowed = 0 end
 --$end
 if allowed == 1 then
   local expires, before = now, 0
@@ -39,18 +37,6 @@ if allowed == 1 then
 --$end
   local state = struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@})
 $SAVE
+  return struct.pack('<i8i8', 1, now) .. state
 end
-
--- Remaining = floor(max(limit - used, 0)), and the constraining window (the
--- first with the fewest), which resets when one more request fits.
-local least, best = 9007199254740992, 0
---$each
-local r@ = n@ - (p@ * (d@ - e@) / d@ + c@)
-if r@ > 0 then r@ = r@ - r@ % 1 else r@ = 0 end
-if r@ < least then least, best = r@, @ end
---$end
-local reset = 0
---$each
-if best == @ then reset = wait_for(p@, c@, d@, e@, n@, least + 1) end
---$end
-return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})
+return struct.pack('<i8i8$each(){i8i8i8i8}', 0, now, $each(, ){d@, c@, p@, k@})

@@ -20,21 +20,16 @@ local before = 0
 if a@ > before then before = a@ end
 --$end
 before = before - before % 1000000 + 1000000
-local retry = 0
+-- The script decides and records; the store reports (see
+-- straight_fixed_window.lua).
+local allowed = 1
 --$each
 if a@ < now then a@ = now end
 local t@ = d@ - 1
 t@ = (t@ - t@ % n@) / n@ + 1
-local o@ = a@ + cost * t@ - now - n@ * t@
-if o@ > 0 then
-  if cost > n@ then o@ = n@ * t@ end
-  if o@ > retry then retry = o@ end
-end
+if a@ + cost * t@ - now - n@ * t@ > 0 then allowed = 0 end
 --$end
--- (A denying window always leaves retry > 0.)
-local allowed = 0
-if retry == 0 then
-  allowed = 1
+if allowed == 1 then
   -- (Every request a bucket allows moves its TAT, but a busy bucket's
   -- rounded TAT stays in the same second for many requests: their saves
   -- keep the TTL.)
@@ -46,19 +41,6 @@ if retry == 0 then
   expires = expires - expires % 1000000 + 1000000
   local state = struct.pack('<$each(){i8i8}', $each(, ){d@, a@})
 $SAVE
+  return struct.pack('<i8i8', 1, now) .. state
 end
-
--- The tokens left, and the constraining window (the first with the
--- fewest): its reset is when one more token is back.
-local least, size, t, tat = 9007199254740992, 0, 1, 0
---$each
-local r@ = n@ * t@ - (a@ - now)
-if r@ > 0 then r@ = (r@ - r@ % t@) / t@ else r@ = 0 end
-if r@ < least then least, size, t, tat = r@, n@, t@, a@ end
---$end
-local reset = 0
-if least < size then
-  reset = tat - now - (size - least - 1) * t
-  if reset < 0 then reset = 0 end
-end
-return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})
+return struct.pack('<i8i8$each(){i8i8}', 0, now, $each(, ){d@, a@})

@@ -274,7 +274,7 @@ pub(crate) fn token_bucket(
 }
 
 /// `(n, t)`: the bucket size and the refill interval of a window.
-fn bucket(w: &Window) -> (u64, u64) {
+pub(crate) fn bucket(w: &Window) -> (u64, u64) {
     let n = u64::from(w.limit());
     (n, w.micros().div_ceil(n).max(1))
 }

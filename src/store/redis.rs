@@ -77,6 +77,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 
+use super::counters::{self, Slot};
 use super::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
 use crate::rules::Algorithm;
 
@@ -131,12 +132,10 @@ const STRAIGHT_SLIDING_LOG: &str = concat!(
     include_str!("../../scripts/straight_sliding_log.lua")
 );
 /// The straight-line sliding-window template (with
-/// `scripts/straight_counter_state.lua` and
-/// `scripts/sliding_window_wait.lua`).
+/// `scripts/straight_counter_state.lua`).
 const STRAIGHT_SLIDING_WINDOW: &str = concat!(
     include_str!("../../scripts/straight_prelude.lua"),
     include_str!("../../scripts/straight_counter_state.lua"),
-    include_str!("../../scripts/sliding_window_wait.lua"),
     include_str!("../../scripts/straight_sliding_window.lua")
 );
 /// The straight-line fixed-window template.
@@ -171,7 +170,7 @@ const STRAIGHT_REMAP: &str = include_str!("../../scripts/straight_remap.lua");
 /// use tower_ratelimit::Algorithm;
 ///
 /// let script = straight_lua(Algorithm::TokenBucket, 3).expect("made for 3 windows");
-/// assert!(script.contains("local r3 ="));
+/// assert!(script.contains("d3, n3"));
 /// assert!(straight_lua(Algorithm::SlidingLog, 1).is_some());
 /// assert!(straight_lua(Algorithm::TokenBucket, 6).is_none());
 /// ```
@@ -196,6 +195,15 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
         ],
     ))
+}
+
+/// Whether a check runs a straight-line script: 1 to
+/// [`STRAIGHT_MAX_WINDOWS`] user windows, no route-wide windows and no
+/// block time.
+fn straight(check: &Check) -> bool {
+    check.global.is_none()
+        && check.block.is_none()
+        && (1..=STRAIGHT_MAX_WINDOWS).contains(&check.windows.len())
 }
 
 /// The scripts, hashed once: one general and five straight-line ones (1 to
@@ -235,12 +243,12 @@ impl Scripts {
             Algorithm::FixedWindow => 2,
             Algorithm::TokenBucket => 3,
         };
-        let general = &self.general[i];
-        let common_shape = check.global.is_none() && check.block.is_none();
-        self.straight[i]
-            .get(check.windows.len().wrapping_sub(1))
-            .filter(|_| common_shape)
-            .unwrap_or(general)
+        if straight(check) {
+            if let Some(script) = self.straight[i].get(check.windows.len().wrapping_sub(1)) {
+                return script;
+            }
+        }
+        &self.general[i]
     }
 
     /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
@@ -585,7 +593,11 @@ impl RedisStore {
                 .await
             }
         }?;
-        decode(&check, &reply)
+        if straight(&check) && check.algorithm != Algorithm::SlidingLog {
+            decode_counters(&check, &reply)
+        } else {
+            decode(&check, &reply)
+        }
     }
 }
 
@@ -797,17 +809,24 @@ async fn reload_and_retry<C: ConnectionLike>(
 /// Reads the script's reply: one string of little-endian signed 64-bit
 /// integers (see `scripts/prelude.lua`): allowed, retry (µs), reset (µs),
 /// blocked, then the remaining of every window.
+/// A reply's numbers: little-endian i64s.
+fn words(reply: &[u8]) -> impl Iterator<Item = i64> + '_ {
+    reply.chunks_exact(8).map(|c| {
+        let mut n = [0u8; 8];
+        n.copy_from_slice(c);
+        i64::from_le_bytes(n)
+    })
+}
+
+/// A general script's reply (and a straight-line sliding log's): see
+/// `scripts/prelude.lua`.
 fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
     let global = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
     let count = check.windows.len() + global.len();
     if reply.len() != 8 * (4 + count) {
         return Err(unexpected(reply));
     }
-    let mut numbers = reply.chunks_exact(8).map(|c| {
-        let mut n = [0u8; 8];
-        n.copy_from_slice(c);
-        i64::from_le_bytes(n)
-    });
+    let mut numbers = words(reply);
     let mut next = || numbers.next().unwrap_or(0);
     let (allowed, retry, reset, blocked) = (next(), next(), next(), next());
     let windows = check.windows.iter().chain(global);
@@ -825,6 +844,67 @@ fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
         micros(reset),
         states,
     ))
+}
+
+/// A straight-line counter script's reply (fixed window, sliding window,
+/// token bucket): whether it allowed the request, its clock, and the
+/// budget's state as the script left it, per window the numbers it stores
+/// (`[d, count, window]`, `[d, count, previous, window]`, `[d, TAT]`).
+/// The report (remaining, reset, retry) is worked out here, by the memory
+/// store's own function run on the state as the script found it (an
+/// allowed request's cost taken back out): Redis spends nothing on it, and
+/// both stores report alike by construction. The function decides again on
+/// the way, and must agree with the script.
+fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
+    let windows = &check.windows[..];
+    let width = match check.algorithm {
+        Algorithm::FixedWindow => 3,
+        Algorithm::SlidingWindow => 4,
+        _ => 2,
+    };
+    if reply.len() != 8 * (2 + width * windows.len()) {
+        return Err(unexpected(reply));
+    }
+    let mut numbers = words(reply).map(|v| u64::try_from(v).unwrap_or(0));
+    let mut next = || numbers.next().unwrap_or(0);
+    let allowed = next() == 1;
+    let now = next();
+    let cost = u64::from(check.cost);
+    let spent = |v: u64, unit: u64| {
+        if allowed {
+            v.saturating_sub(cost.saturating_mul(unit))
+        } else {
+            v
+        }
+    };
+    let mut state: Vec<Slot> = Vec::with_capacity(windows.len());
+    for w in windows {
+        let d = next();
+        state.push(match check.algorithm {
+            Algorithm::FixedWindow => {
+                let (count, k) = (next(), next());
+                [d, k, spent(count, 1), 0]
+            }
+            Algorithm::SlidingWindow => {
+                let (count, prev, k) = (next(), next(), next());
+                [d, k, spent(count, 1), prev]
+            }
+            _ => [d, spent(next(), counters::bucket(w).1), 0, 0],
+        });
+    }
+    let report = match check.algorithm {
+        Algorithm::FixedWindow => counters::fixed_window,
+        Algorithm::SlidingWindow => counters::sliding_window,
+        _ => counters::token_bucket,
+    };
+    let (decision, _) = report(&mut state, windows, check.cost, now, true);
+    if decision.allowed() != allowed {
+        return Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "the script's decision does not follow from the state it returned",
+        ));
+    }
+    Ok(decision)
 }
 
 fn unexpected(reply: &[u8]) -> StoreError {
@@ -1036,5 +1116,56 @@ mod tests {
                 reply.len()
             );
         }
+    }
+
+    /// A fixed-window check of 1 s / 10 and 1 min / 100 at 2.25 s past a
+    /// minute, with `count` of the second and 50 of the minute spent.
+    fn fixed_window_reply(allowed: bool, count: i64) -> (Check, Vec<u8>) {
+        let windows =
+            [(1, 10), (60, 100)].map(|(s, n)| Window::new(Duration::from_secs(s), n).unwrap());
+        let mut check = Check::new("api:alice", windows.to_vec());
+        check.algorithm = Algorithm::FixedWindow;
+        let now = 62_250_000;
+        let reply = packed(&[
+            i64::from(allowed),
+            now,
+            1_000_000,
+            count,
+            62,
+            60_000_000,
+            50,
+            1,
+        ]);
+        (check, reply)
+    }
+
+    #[test]
+    fn a_counter_script_reply_is_reported_from_its_state() {
+        // Allowed: the state holds the request; 10 - 4 and 100 - 50 remain,
+        // and the second resets in 750 ms.
+        let (check, reply) = fixed_window_reply(true, 4);
+        let decision = decode_counters(&check, &reply).unwrap();
+        assert!(decision.allowed());
+        let remaining: Vec<u32> = decision.windows().iter().map(|w| w.remaining).collect();
+        assert_eq!(remaining, [6, 50]);
+        assert_eq!(decision.reset_after(), Duration::from_millis(750));
+        // Denied by the full second: retry when it ends.
+        let (check, reply) = fixed_window_reply(false, 10);
+        let decision = decode_counters(&check, &reply).unwrap();
+        assert!(!decision.allowed());
+        assert_eq!(decision.retry_after(), Some(Duration::from_millis(750)));
+    }
+
+    #[test]
+    fn a_counter_script_reply_that_contradicts_its_state_is_an_error() {
+        // "Denied" with room left, "allowed" past the limit, a wrong size.
+        for (allowed, count) in [(false, 4), (true, 11)] {
+            let (check, reply) = fixed_window_reply(allowed, count);
+            let error = decode_counters(&check, &reply).unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Backend);
+        }
+        let (check, reply) = fixed_window_reply(true, 4);
+        let error = decode_counters(&check, &reply[..reply.len() - 8]).unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Backend);
     }
 }

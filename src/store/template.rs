@@ -95,7 +95,10 @@ mod tests {
                 for line in code {
                     assert!(!line.contains(['@', '$']), "{algorithm:?} x{n}: {line}");
                 }
-                assert!(script.contains(&format!("r{n}")), "{algorithm:?} x{n}");
+                assert!(
+                    script.contains(&format!("d{n}, n{n}")),
+                    "{algorithm:?} x{n}"
+                );
             }
         }
     }
