@@ -11,6 +11,8 @@
 
 use std::time::Duration;
 
+use arrayvec::ArrayVec;
+
 use super::{constraining, Decision, WindowState};
 use crate::rules::{Window, MAX_WINDOWS};
 
@@ -18,16 +20,36 @@ use crate::rules::{Window, MAX_WINDOWS};
 /// algorithm.
 pub(crate) type Slot = [u64; 4];
 
+/// A budget's slots: the memory store's list, which grows as windows are
+/// added, or the fixed array a Redis reply is read into (no allocation).
+pub(crate) trait Slots: std::ops::DerefMut<Target = [Slot]> {
+    /// Adds a slot; returns its index (for a full array, that of the last
+    /// one: wrong numbers for a reply that names other windows, never a
+    /// panic).
+    fn add(&mut self, slot: Slot) -> usize;
+}
+
+impl Slots for Vec<Slot> {
+    fn add(&mut self, slot: Slot) -> usize {
+        self.push(slot);
+        self.len() - 1
+    }
+}
+
+impl Slots for ArrayVec<Slot, MAX_WINDOWS> {
+    fn add(&mut self, slot: Slot) -> usize {
+        let _ = self.try_push(slot);
+        self.len().saturating_sub(1)
+    }
+}
+
 /// Finds (or adds, zeroed) the slot of each window; returns their indexes.
-fn slots(state: &mut Vec<Slot>, windows: &[Window]) -> [usize; MAX_WINDOWS] {
+fn slots(state: &mut impl Slots, windows: &[Window]) -> [usize; MAX_WINDOWS] {
     let mut at = [0usize; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
         at[i] = match state.iter().position(|s| s[0] == w.micros()) {
             Some(p) => p,
-            None => {
-                state.push([w.micros(), 0, 0, 0]);
-                state.len() - 1
-            }
+            None => state.add([w.micros(), 0, 0, 0]),
         };
     }
     at
@@ -60,7 +82,7 @@ fn decision(
 /// `[k*d, (k+1)*d)`. Slot: `[d, k, count, _]`. Returns the decision and when
 /// the state becomes garbage.
 pub(crate) fn fixed_window(
-    state: &mut Vec<Slot>,
+    state: &mut impl Slots,
     windows: &[Window],
     cost: u32,
     now: u64,
@@ -113,7 +135,7 @@ pub(crate) fn fixed_window(
 /// previous window's count weighted by how much of it the sliding window
 /// still covers. Slot: `[d, k, current count, previous count]`.
 pub(crate) fn sliding_window(
-    state: &mut Vec<Slot>,
+    state: &mut impl Slots,
     windows: &[Window],
     cost: u32,
     now: u64,
@@ -163,7 +185,9 @@ pub(crate) fn sliding_window(
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
         let used = used(prev[i], cur[i], d, now - (now / d) * d);
-        remaining[i] = clamp_u32((f64::from(w.limit()) - used).max(0.0).floor() as u64);
+        // (A cast truncates: the floor of a number at least 0, with no
+        // call to libm.)
+        remaining[i] = clamp_u32((f64::from(w.limit()) - used).max(0.0) as u64);
     }
     let n = windows.len();
     let d = decision(allowed, retry, windows, &remaining[..n], |i| {
@@ -183,8 +207,13 @@ pub(crate) fn sliding_window(
 
 /// The weighted count: `prev * (d - elapsed) / d + cur`, as IEEE doubles in
 /// exactly this order (the Lua script computes the same expression).
+///
+/// (Converted through i64, one instruction each where u64 takes several:
+/// the same doubles for every number below 2^63, which counts and
+/// microsecond times are.)
 fn used(prev: u64, cur: u64, d: u64, elapsed: u64) -> f64 {
-    prev as f64 * (d - elapsed) as f64 / d as f64 + cur as f64
+    let f = |v: u64| v as i64 as f64;
+    f(prev) * f(d - elapsed) / f(d) + f(cur)
 }
 
 /// The time until `k` more requests fit (the smallest whole microsecond at
@@ -206,12 +235,12 @@ fn sliding_wait(prev: u64, cur: u64, d: u64, elapsed: u64, limit: u32, k: u64) -
         return offset;
     }
     // Solve p * (d - e) / d <= limit - c - k for e, then settle rounding on
-    // the exact predicate.
+    // the exact predicate (the loops find the first e that fits from any
+    // start, so a cast, which truncates and reads NaN as 0, does for ceil).
     let room = (limit - c - k) as f64;
-    let mut e = (d as f64 - room * d as f64 / p as f64)
-        .ceil()
-        .max(base as f64) as u64;
-    e = e.min(d);
+    let mut e = ((d as f64 - room * d as f64 / p as f64) as u64)
+        .max(base)
+        .min(d);
     while e > base && fits(e - 1) {
         e -= 1;
     }
@@ -225,7 +254,7 @@ fn sliding_wait(prev: u64, cur: u64, d: u64, elapsed: u64, limit: u32, k: u64) -
 /// `t = ceil(w / n)` microseconds (never faster than the configured rate).
 /// Slot: `[w, theoretical arrival time, _, _]`.
 pub(crate) fn token_bucket(
-    state: &mut Vec<Slot>,
+    state: &mut impl Slots,
     windows: &[Window],
     cost: u32,
     now: u64,

@@ -73,13 +73,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use arrayvec::ArrayVec;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 
 use super::counters::{self, Slot};
 use super::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
-use crate::rules::Algorithm;
+use crate::rules::{Algorithm, MAX_WINDOWS};
 
 macro_rules! script {
     ($($file:literal),+) => {
@@ -877,10 +878,10 @@ fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> 
             v
         }
     };
-    let mut state: Vec<Slot> = Vec::with_capacity(windows.len());
+    let mut state = ArrayVec::<Slot, MAX_WINDOWS>::new();
     for w in windows {
         let d = next();
-        state.push(match check.algorithm {
+        let _ = state.try_push(match check.algorithm {
             Algorithm::FixedWindow => {
                 let (count, k) = (next(), next());
                 [d, k, spent(count, 1), 0]
@@ -892,12 +893,15 @@ fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> 
             _ => [d, spent(next(), counters::bucket(w).1), 0, 0],
         });
     }
-    let report = match check.algorithm {
-        Algorithm::FixedWindow => counters::fixed_window,
-        Algorithm::SlidingWindow => counters::sliding_window,
-        _ => counters::token_bucket,
+    let (decision, _) = match check.algorithm {
+        Algorithm::FixedWindow => {
+            counters::fixed_window(&mut state, windows, check.cost, now, true)
+        }
+        Algorithm::SlidingWindow => {
+            counters::sliding_window(&mut state, windows, check.cost, now, true)
+        }
+        _ => counters::token_bucket(&mut state, windows, check.cost, now, true),
     };
-    let (decision, _) = report(&mut state, windows, check.cost, now, true);
     if decision.allowed() != allowed {
         return Err(StoreError::new(
             StoreErrorKind::Backend,
