@@ -36,7 +36,13 @@ pub(crate) fn check(
     let mut allowed = true;
     let mut retry = 0u64;
     for (i, w) in windows.iter().enumerate() {
-        let start = log.partition_point(|&t| t.saturating_add(w.micros()) <= now);
+        // The longest window holds the whole trimmed log: no search (for a
+        // one-window rule, none at all).
+        let start = if w.micros() == longest {
+            0
+        } else {
+            log.partition_point(|&t| t.saturating_add(w.micros()) <= now)
+        };
         let count = total - start as u64;
         counts[i] = count;
         let need = (count + u64::from(cost)).saturating_sub(u64::from(w.limit()));
