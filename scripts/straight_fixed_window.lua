@@ -24,15 +24,17 @@ local k@ = (now - now % d@) / d@
 if s@ ~= k@ then c@ = 0 end
 if c@ + cost > n@ then allowed = 0 end
 --$end
+local expires, before = now, 0
 if allowed == 1 then
-  local expires, before = now, 0
 --$each
   c@ = c@ + cost
   if (k@ + 1) * d@ > expires then expires = (k@ + 1) * d@ end
   if (s@ + 1) * d@ > before then before = (s@ + 1) * d@ end
 --$end
-  local state = struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@})
-$SAVE
-  return struct.pack('<i8i8', 1, now) .. state
 end
-return struct.pack('<i8i8$each(){i8i8i8}', 0, now, $each(, ){d@, c@, k@})
+-- (One packed state: saved when allowed, and the reply either way.)
+local state = struct.pack('<$each(){i8i8i8}', $each(, ){d@, c@, k@})
+if allowed == 1 then
+$SAVE
+end
+return struct.pack('<i8i8', allowed, now) .. state

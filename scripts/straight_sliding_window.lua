@@ -27,16 +27,18 @@ elseif s@ ~= k@ then
 end
 if p@ * (d@ - e@) / d@ + c@ + cost > n@ then allowed = 0 end
 --$end
+local expires, before = now, 0
 if allowed == 1 then
-  local expires, before = now, 0
 --$each
   c@ = c@ + cost
   -- (The current count still weighs in during the next window.)
   if (k@ + 2) * d@ > expires then expires = (k@ + 2) * d@ end
   if (s@ + 2) * d@ > before then before = (s@ + 2) * d@ end
 --$end
-  local state = struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@})
-$SAVE
-  return struct.pack('<i8i8', 1, now) .. state
 end
-return struct.pack('<i8i8$each(){i8i8i8i8}', 0, now, $each(, ){d@, c@, p@, k@})
+-- (One packed state: saved when allowed, and the reply either way.)
+local state = struct.pack('<$each(){i8i8i8i8}', $each(, ){d@, c@, p@, k@})
+if allowed == 1 then
+$SAVE
+end
+return struct.pack('<i8i8', allowed, now) .. state

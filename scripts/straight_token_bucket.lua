@@ -29,18 +29,20 @@ local t@ = d@ - 1
 t@ = (t@ - t@ % n@) / n@ + 1
 if a@ + cost * t@ - now - n@ * t@ > 0 then allowed = 0 end
 --$end
+local expires = now
 if allowed == 1 then
   -- (Every request a bucket allows moves its TAT, but a busy bucket's
   -- rounded TAT stays in the same second for many requests: their saves
   -- keep the TTL.)
-  local expires = now
 --$each
   a@ = a@ + cost * t@
   if a@ > expires then expires = a@ end
 --$end
   expires = expires - expires % 1000000 + 1000000
-  local state = struct.pack('<$each(){i8i8}', $each(, ){d@, a@})
-$SAVE
-  return struct.pack('<i8i8', 1, now) .. state
 end
-return struct.pack('<i8i8$each(){i8i8}', 0, now, $each(, ){d@, a@})
+-- (One packed state: saved when allowed, and the reply either way.)
+local state = struct.pack('<$each(){i8i8}', $each(, ){d@, a@})
+if allowed == 1 then
+$SAVE
+end
+return struct.pack('<i8i8', allowed, now) .. state

@@ -85,7 +85,7 @@ use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 
 use super::counters::{self, Slot};
 use super::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
-use crate::rules::{Algorithm, MAX_WINDOWS};
+use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
 macro_rules! script {
     ($($file:literal),+) => {
@@ -861,12 +861,15 @@ fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
 /// both stores report alike by construction. The function decides again on
 /// the way, and must agree with the script.
 fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
-    let windows = &check.windows[..];
-    let width = match check.algorithm {
-        Algorithm::FixedWindow => 3,
-        Algorithm::SlidingWindow => 4,
-        _ => 2,
+    type Report =
+        fn(&mut ArrayVec<Slot, MAX_WINDOWS>, &[Window], u32, u64, bool) -> (Decision, u64);
+    let (width, report): (usize, Report) = match check.algorithm {
+        Algorithm::FixedWindow => (3, counters::fixed_window),
+        Algorithm::SlidingWindow => (4, counters::sliding_window),
+        Algorithm::TokenBucket => (2, counters::token_bucket),
+        Algorithm::SlidingLog => return Err(unexpected(reply)),
     };
+    let windows = &check.windows[..];
     if reply.len() != 8 * (2 + width * windows.len()) {
         return Err(unexpected(reply));
     }
@@ -882,6 +885,7 @@ fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> 
             v
         }
     };
+    // Each window's stored numbers, as the memory store's slot.
     let mut state = ArrayVec::<Slot, MAX_WINDOWS>::new();
     for w in windows {
         let d = next();
@@ -894,18 +898,11 @@ fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> 
                 let (count, prev, k) = (next(), next(), next());
                 [d, k, spent(count, 1), prev]
             }
+            // (The token bucket: the sliding log returned above.)
             _ => [d, spent(next(), counters::bucket(w).1), 0, 0],
         });
     }
-    let (decision, _) = match check.algorithm {
-        Algorithm::FixedWindow => {
-            counters::fixed_window(&mut state, windows, check.cost, now, true)
-        }
-        Algorithm::SlidingWindow => {
-            counters::sliding_window(&mut state, windows, check.cost, now, true)
-        }
-        _ => counters::token_bucket(&mut state, windows, check.cost, now, true),
-    };
+    let (decision, _) = report(&mut state, windows, check.cost, now, true);
     if decision.allowed() != allowed {
         return Err(StoreError::new(
             StoreErrorKind::Backend,
