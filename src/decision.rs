@@ -57,15 +57,28 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 /// growable buffer, then a shared one when it is frozen).
 #[inline(never)]
 fn big_number(mut n: u64) -> HeaderValue {
+    // Two digits per division, from a table of the pairs 00 to 99.
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut digits = [0u8; 20];
     let mut start = digits.len();
-    loop {
+    // (At most 9 pairs before n < 100: a u64 has at most 20 digits.)
+    while n >= 100 && start >= 2 {
+        let pair = 2 * (n % 100) as usize;
+        n /= 100;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 && start >= 2 {
+        let pair = 2 * n as usize;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else if start >= 1 {
         start -= 1;
         digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 || start == 0 {
-            break;
-        }
     }
     HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&digits[start..]))
         .unwrap_or_else(|_| HeaderValue::from_static("0"))
@@ -291,7 +304,20 @@ mod tests {
 
     #[test]
     fn numbers_become_their_digits() {
-        for n in [0, 9, 10, 4095, 4096, 999_999, 1_000_000_007, u64::MAX] {
+        for n in [
+            0,
+            9,
+            10,
+            99,
+            100,
+            101,
+            4095,
+            4096,
+            10_000,
+            999_999,
+            1_000_000_007,
+            u64::MAX,
+        ] {
             assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
             assert_eq!(big_number(n).to_str().unwrap(), n.to_string(), "{n}");
         }

@@ -91,8 +91,13 @@ fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
     let mut left = u64::from(cost);
     while left > 0 {
         let Some(&last) = log.back().filter(|&&last| last >= t) else {
-            // The common case: time moved past the newest entry.
-            log.extend((0..left).map(|i| t + i));
+            // The common case: time moved past the newest entry (and the
+            // commonest cost, 1, is one push).
+            if left == 1 {
+                log.push_back(t);
+            } else {
+                log.extend((0..left).map(|i| t + i));
+            }
             return;
         };
         // Entries are distinct and sorted: when every microsecond from t
