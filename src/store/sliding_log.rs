@@ -24,6 +24,20 @@ pub(crate) fn check(
     now: u64,
     record: bool,
 ) -> Decision {
+    if let [window] = windows {
+        return check_one(log, *window, cost, now, record);
+    }
+    check_many(log, windows, cost, now, record)
+}
+
+/// [`check`] for any number of windows.
+fn check_many(
+    log: &mut VecDeque<u64>,
+    windows: &[Window],
+    cost: u32,
+    now: u64,
+    record: bool,
+) -> Decision {
     let longest = windows.last().map_or(0, Window::micros);
     while log
         .front()
@@ -85,6 +99,46 @@ pub(crate) fn check(
     )
 }
 
+/// [`check`] for a rule of one window (the commonest): the same answer with
+/// no per-window counts, search or choice of the constraining window, so
+/// the hot path runs less code.
+fn check_one(log: &mut VecDeque<u64>, w: Window, cost: u32, now: u64, record: bool) -> Decision {
+    let d = w.micros();
+    while log.front().is_some_and(|&t| t.saturating_add(d) <= now) {
+        log.pop_front();
+    }
+    // The whole trimmed log is in the window.
+    let mut count = log.len() as u64;
+    let need = (count + u64::from(cost)).saturating_sub(u64::from(w.limit()));
+    let allowed = need == 0;
+    let retry = if allowed {
+        0
+    } else {
+        // The `need`-th oldest entry must leave the window (or, for a cost
+        // above the limit, the whole window).
+        match log.get((need - 1) as usize) {
+            Some(&t) if need <= count => t.saturating_add(d).saturating_sub(now),
+            _ => d,
+        }
+    };
+    if allowed && record {
+        push(log, now, cost);
+        count += u64::from(cost);
+    }
+    let remaining = u32::try_from(u64::from(w.limit()).saturating_sub(count)).unwrap_or(u32::MAX);
+    // The window frees a slot when its oldest entry leaves it.
+    let reset = match log.front() {
+        Some(&oldest) if count > 0 => oldest.saturating_add(d).saturating_sub(now),
+        _ => 0,
+    };
+    Decision::new(
+        allowed,
+        Some(Duration::from_micros(retry)),
+        Duration::from_micros(reset),
+        std::iter::once(WindowState::new(w, remaining)),
+    )
+}
+
 /// Takes the first `cost` free microseconds at or after `now`.
 fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
     let mut t = now;
@@ -120,6 +174,34 @@ fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The one-window path answers and records exactly as the general
+        /// one: same decisions, same log, whatever the clock and costs do.
+        #[test]
+        fn one_window_path_matches_the_general_one(
+            limit in 1u32..6,
+            secs in 1u64..4,
+            steps in proptest::collection::vec((0u64..1_500_000, 1u32..4, 0u8..8), 1..60),
+        ) {
+            let window = [w(secs, limit)];
+            let (mut one, mut many) = (VecDeque::new(), VecDeque::new());
+            let mut now = 10_000_000u64;
+            for (step, cost, kind) in steps {
+                // Mostly forward; sometimes the same microsecond or back.
+                now = match kind {
+                    0 => now,
+                    1 => now.saturating_sub(step / 4),
+                    _ => now + step,
+                };
+                let record = kind != 7;
+                let a = check_one(&mut one, window[0], cost, now, record);
+                let b = check_many(&mut many, &window, cost, now, record);
+                proptest::prop_assert_eq!(&a, &b);
+                proptest::prop_assert_eq!(&one, &many);
+            }
+        }
+    }
 
     #[test]
     fn requests_take_the_first_free_microseconds_at_or_after_now() {
