@@ -35,6 +35,10 @@ pub enum ConfigErrorKind {
     TooManyWindows,
     /// Rules of one zone share a budget, so they must count it the same way.
     ZoneAlgorithm,
+    /// Rules of one zone share a budget, so they must keep the same window
+    /// lengths (their limits may differ): a check on fewer or other
+    /// windows would drop the counts the others keep.
+    ZoneWindows,
     /// A route with a route-wide limit keeps every key in the route's Redis
     /// Cluster slot, so its rules cannot share a zone with other routes.
     ZoneWithGlobal,
@@ -130,6 +134,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigErrorKind::ZoneAlgorithm => f.write_str(
                 "another rule of the same zone uses a different algorithm; a zone's rules share one budget",
+            ),
+            ConfigErrorKind::ZoneWindows => f.write_str(
+                "another rule of the same zone has other window lengths; a zone's rules share one budget, so they must have the same windows (their limits may differ)",
             ),
             ConfigErrorKind::ZoneWithGlobal => f.write_str(
                 "a route with a route-wide (`global`) limit cannot have rules with a zone",

@@ -656,11 +656,13 @@ impl RulesBuilder {
     /// expression, a zero or negative limit, a window of zero length, two
     /// windows of the same length in one rule, an unknown method, a rule
     /// that an earlier rule of its route makes unreachable, zones that
-    /// disagree on their algorithm, or a zone on a route with a route-wide
-    /// limit.
+    /// disagree on their algorithm or window lengths, or a zone on a route
+    /// with a route-wide limit.
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
         let mut zones: BTreeMap<&str, Algorithm> = BTreeMap::new();
+        // The window lengths of each zone's first rule with limits.
+        let mut zone_windows: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
         for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
                 route: Some((ri, route.pattern.clone())),
@@ -717,7 +719,17 @@ impl RulesBuilder {
                     global: global.as_deref(),
                     shadow: route.shadow || self.shadow,
                 };
+                let zone_at = at.clone();
                 compiled.push(compile_rule(rule, at, &context, &compiled)?);
+                let policy = compiled.last().and_then(|r| r.policy.as_ref());
+                if let (Some(zone), Some(policy)) = (rule.zone.as_deref(), policy) {
+                    let lengths: Vec<u64> = policy.windows.iter().map(Window::micros).collect();
+                    if *zone_windows.entry(zone).or_insert_with(|| lengths.clone()) != lengths {
+                        let mut at = zone_at;
+                        at.field = Some("zone".to_owned());
+                        return Err(ConfigError::new(at, ConfigErrorKind::ZoneWindows));
+                    }
+                }
             }
             routes.push(CompiledRoute {
                 pattern,

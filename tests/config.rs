@@ -195,6 +195,54 @@ fn bad_methods_and_empty_names_are_rejected() {
 }
 
 #[test]
+fn rules_of_one_zone_must_agree_on_algorithm_and_window_lengths() {
+    use tower_ratelimit::Algorithm;
+    // Same windows, other limits, another group: one budget, allowed.
+    let ok = Rules::builder()
+        .route("^/a", [Rule::new().zone("z").minute(2).hour(10)])
+        .route(
+            "^/b",
+            [
+                Rule::group("big").zone("z").minute(20).hour(100),
+                Rule::new().zone("z").minute(5).hour(50),
+                // An unlimited group names the zone but keeps no counts.
+                Rule::group("free").zone("z"),
+            ],
+        )
+        .build();
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    // Other window lengths: the check of one route would drop the counts
+    // the other keeps. The error names the second route's rule and field.
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().zone("z").minute(2)])
+        .route("^/b", [Rule::new().zone("z").second(5)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::ZoneWindows));
+    assert_eq!(err.field(), Some("zone"));
+    assert!(err.to_string().contains("^/b"), "{err}");
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().zone("z").minute(2)])
+        .route("^/b", [Rule::new().zone("z").minute(2).hour(9)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::ZoneWindows));
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().zone("z").minute(2)])
+        .route(
+            "^/b",
+            [Rule::new()
+                .zone("z")
+                .minute(2)
+                .algorithm(Algorithm::TokenBucket)],
+        )
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::ZoneAlgorithm));
+    assert_eq!(err.field(), Some("zone"));
+}
+
+#[test]
 fn too_many_windows_are_rejected() {
     let mut rule = Rule::new();
     for s in 1..=9 {
