@@ -38,7 +38,7 @@ pub struct Check {
     /// The budget: `<policy>:<user>`, already encoded so it contains no key
     /// syntax (see [`crate::key`](crate#keys)).
     pub budget: Arc<str>,
-    /// The windows to check, shortest first.
+    /// The windows to check, shortest first, each length once.
     pub windows: Arc<[Window]>,
     /// How requests are counted.
     pub algorithm: Algorithm,
@@ -84,17 +84,34 @@ impl GlobalCheck {
     }
 }
 
+/// `windows` shortest first, each length once: two limits on one length
+/// are the stricter one (a store keeps one count per length).
 fn sorted(windows: Arc<[Window]>) -> Arc<[Window]> {
-    if windows.is_sorted_by_key(|w| w.micros()) {
+    // The rules' windows are already so (they reject a length twice).
+    if windows.windows(2).all(|p| p[0].micros() < p[1].micros()) {
         return windows;
     }
     let mut sorted = windows.to_vec();
-    sorted.sort_by_key(|w| w.micros());
+    sorted.sort_by_key(|w| (w.micros(), w.limit()));
+    sorted.dedup_by_key(|w| w.micros());
     sorted.into()
 }
 
 impl Check {
-    /// A check of `budget` against `windows`, costing 1, on the store's clock.
+    /// A check of `budget` against `windows`, costing 1, on the store's
+    /// clock. The windows are put shortest first; two limits on one length
+    /// become the stricter one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::rules::Window;
+    /// use tower_ratelimit::store::Check;
+    ///
+    /// let w = |secs, limit| Window::new(Duration::from_secs(secs), limit).unwrap();
+    /// let check = Check::new("r1:alice", vec![w(60, 100), w(1, 10), w(1, 5)]);
+    /// let windows: Vec<_> = check.windows.iter().map(|w| (w.duration().as_secs(), w.limit())).collect();
+    /// assert_eq!(windows, [(1, 5), (60, 100)]);
+    /// ```
     pub fn new(budget: impl Into<Arc<str>>, windows: impl Into<Arc<[Window]>>) -> Self {
         Self {
             budget: budget.into(),
@@ -180,7 +197,7 @@ impl Check {
 pub struct CheckRef<'a> {
     /// The budget (see [`Check::budget`]).
     pub budget: &'a str,
-    /// The windows to check, shortest first.
+    /// The windows to check, shortest first, each length once.
     pub windows: &'a [Window],
     /// How requests are counted.
     pub algorithm: Algorithm,
