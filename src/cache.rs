@@ -1,10 +1,14 @@
 //! The local cache of denials.
 //!
 //! When the store says a budget is denied for a request of cost `c` until
-//! `T`, a request of cost `c` or more for that budget cannot pass before `T`
-//! (denied requests consume nothing, and nothing but time frees a slot), so
-//! the layer can deny it in-process, with no store round trip. Under attack
-//! this keeps the store's load flat.
+//! `T` under a rule's policy, another request of cost `c` for that budget
+//! under the same policy cannot pass before `T` (denied requests consume
+//! nothing, and nothing but time frees a slot), so the layer can deny it
+//! in-process, with no store round trip, with the same `Retry-After`. Under
+//! attack this keeps the store's load flat. Other policies sharing the
+//! budget (a zone's routes, a route's groups: other limits or block times)
+//! and other costs ask the store. `T` is counted from when the store was
+//! asked, so an entry can only end early.
 //!
 //! The cache is sharded (no global lock), bounded (entries beyond the
 //! capacity are simply not cached; expired ones are dropped as shards
@@ -24,6 +28,7 @@ const SHARDS: usize = 16;
 struct Denied {
     until: u64,
     at: u64,
+    policy: u64,
     cost: u32,
     decision: Decision,
 }
@@ -59,10 +64,10 @@ impl DenialCache {
         self.len.load(Ordering::Relaxed) == 0
     }
 
-    /// The cached denial of a request of `cost` for `budget` at `now`
-    /// (microseconds on the layer's clock), with its waits shortened by the
-    /// time since it was cached.
-    pub(crate) fn get(&self, budget: &str, cost: u32, now: u64) -> Option<Decision> {
+    /// The cached denial of a request of `cost` for `budget` under `policy`
+    /// at `now` (microseconds on the layer's clock), with its waits
+    /// shortened by the time since it was cached.
+    pub(crate) fn get(&self, budget: &str, policy: u64, cost: u32, now: u64) -> Option<Decision> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
@@ -79,12 +84,19 @@ impl DenialCache {
         // `now` may be a little older than the entry: it was read before this
         // request waited for the lock, maybe before the entry was made.
         let elapsed = Duration::from_micros(now.saturating_sub(hit.at));
-        (cost >= hit.cost).then(|| hit.decision.rewound(elapsed))
+        (policy == hit.policy && cost == hit.cost).then(|| hit.decision.rewound(elapsed))
     }
 
-    /// Remembers that `budget` is denied for requests of `cost` or more
-    /// until `now + decision.retry_after()`.
-    pub(crate) fn insert(&self, budget: &str, cost: u32, now: u64, decision: &Decision) {
+    /// Remembers that `budget` is denied for requests of `cost` under
+    /// `policy` until `now + decision.retry_after()`.
+    pub(crate) fn insert(
+        &self,
+        budget: &str,
+        policy: u64,
+        cost: u32,
+        now: u64,
+        decision: &Decision,
+    ) {
         let Some(wait) = decision.retry_after().filter(|w| !w.is_zero()) else {
             return;
         };
@@ -104,6 +116,7 @@ impl DenialCache {
         let entry = Denied {
             until,
             at: now,
+            policy,
             cost,
             decision: decision.clone(),
         };
@@ -129,15 +142,27 @@ mod tests {
     #[test]
     fn serves_denials_until_they_expire() {
         let cache = DenialCache::new(100);
-        assert!(cache.get("b", 1, 0).is_none());
-        cache.insert("b", 2, 1_000, &denied(10));
-        // Cheaper requests might pass: they go to the store.
-        assert!(cache.get("b", 1, 1_000).is_none());
-        let hit = cache.get("b", 2, 4_000).unwrap();
+        assert!(cache.get("b", 7, 1, 0).is_none());
+        cache.insert("b", 7, 2, 1_000, &denied(10));
+        // Other costs might pass, or wait longer: they go to the store.
+        assert!(cache.get("b", 7, 1, 1_000).is_none());
+        assert!(cache.get("b", 7, 3, 1_000).is_none());
+        let hit = cache.get("b", 7, 2, 4_000).unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(7)));
-        assert!(cache.get("b", 5, 10_999).is_some());
-        assert!(cache.get("b", 5, 11_000).is_none());
+        assert!(cache.get("b", 7, 2, 10_999).is_some());
+        assert!(cache.get("b", 7, 2, 11_000).is_none());
         assert_eq!(cache.len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_denial_serves_only_its_own_policy() {
+        // Two rules sharing the budget key (a zone's routes, a route's
+        // groups) may have other limits: one's denial says nothing of the
+        // other's.
+        let cache = DenialCache::new(100);
+        cache.insert("z:alice", 1, 1, 0, &denied(60_000));
+        assert!(cache.get("z:alice", 2, 1, 10).is_none());
+        assert!(cache.get("z:alice", 1, 1, 10).is_some());
     }
 
     #[test]
@@ -145,8 +170,8 @@ mod tests {
         // A request read the clock, then waited for the shard lock while
         // another request cached a denial.
         let cache = DenialCache::new(100);
-        cache.insert("b", 1, 5_000, &denied(10));
-        let hit = cache.get("b", 1, 4_000).unwrap();
+        cache.insert("b", 0, 1, 5_000, &denied(10));
+        let hit = cache.get("b", 0, 1, 4_000).unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(10)));
     }
 
@@ -154,11 +179,11 @@ mod tests {
     fn is_bounded() {
         let cache = DenialCache::new(32);
         for i in 0..10_000 {
-            cache.insert(&format!("b{i}"), 1, 0, &denied(1000));
+            cache.insert(&format!("b{i}"), 0, 1, 0, &denied(1000));
         }
         assert!(cache.len.load(Ordering::Relaxed) <= 32);
         // Expired entries make room again.
-        cache.insert("late", 1, 2_000_000, &denied(1000));
-        assert!(cache.get("late", 1, 2_000_001).is_some());
+        cache.insert("late", 0, 1, 2_000_000, &denied(1000));
+        assert!(cache.get("late", 0, 1, 2_000_001).is_some());
     }
 }

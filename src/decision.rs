@@ -141,10 +141,13 @@ impl RateHeaders {
     /// The headers of `decision` on `policy`, in `mode`; a denial always
     /// gets `Retry-After`.
     pub(crate) fn new(decision: &Decision, policy: &Policy, mode: HeaderMode) -> Self {
-        let retry_after = decision
-            .retry_after()
-            .filter(|_| !decision.allowed())
-            .map_or(0, retry_after_secs);
+        // (A denial always gets one, at least 1 s: a store that gave no
+        // wait still said no.)
+        let retry_after = if decision.allowed() {
+            0
+        } else {
+            retry_after_secs(decision.retry_after().unwrap_or_default())
+        };
         let Some((index, w)) = decision
             .constraining_index()
             .and_then(|i| Some((i, decision.windows().get(i)?)))

@@ -347,14 +347,20 @@ impl Fallback {
         let probe = now >= next
             && self
                 .next_probe
-                .compare_exchange(next, now + PROBE_EVERY, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(
+                    next,
+                    now.saturating_add(PROBE_EVERY),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
                 .is_ok();
         !probe
     }
 
     pub(crate) fn failed(&self, now: u64) {
         if !self.down.swap(true, Ordering::AcqRel) {
-            self.next_probe.store(now + PROBE_EVERY, Ordering::Relaxed);
+            self.next_probe
+                .store(now.saturating_add(PROBE_EVERY), Ordering::Relaxed);
         }
     }
 

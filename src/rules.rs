@@ -361,6 +361,10 @@ pub(crate) struct GlobalPolicy {
 /// its responses say.
 #[derive(Debug)]
 pub(crate) struct Policy {
+    /// Unique in the process: tells apart policies that share a budget key
+    /// (a zone's rules, a route's groups), whose limits and block times may
+    /// differ (the denial cache serves a denial only to its own policy).
+    pub(crate) id: u64,
     /// The policy part of every budget key of this rule (see [`crate::key`]).
     pub(crate) budget: Box<str>,
     /// Sorted by duration, shortest first.
@@ -872,7 +876,9 @@ fn compile_rule(
             .chain(route.global.unwrap_or(&[]))
             .map(|w| crate::decision::number(u64::from(w.limit())))
             .collect();
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Some(Arc::new(Policy {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             budget: budget.into_boxed_str(),
             ietf_policy: ietf_policy(&windows, route.global.unwrap_or(&[])),
             limits,

@@ -216,6 +216,9 @@ struct Checked<'a> {
     cost: u32,
     /// When an asynchronous store was asked.
     started: Option<Instant>,
+    /// [`Shared::now`] when an asynchronous store was asked: its waits run
+    /// from about then, not from when its answer arrived.
+    asked: Option<u64>,
     /// The check, for [`FailMode::Fallback`].
     retry: Option<CheckRef<'a>>,
 }
@@ -226,6 +229,7 @@ struct Held {
     budget: Arc<str>,
     cost: u32,
     started: Instant,
+    asked: u64,
     /// A copy of the check, kept only for [`FailMode::Fallback`].
     retry: Option<Check>,
 }
@@ -237,6 +241,7 @@ impl Held {
             budget: &self.budget,
             cost: self.cost,
             started: Some(self.started),
+            asked: Some(self.asked),
             retry: self.retry.as_ref().map(Check::as_ref),
         }
     }
@@ -280,12 +285,13 @@ impl<St: Store, I> Shared<St, I> {
             budget,
             cost,
             started: None,
+            asked: None,
             retry: None,
         };
         let shadow = policy.shadow || options.shadow;
         let cache = self.state.denials.as_ref().filter(|c| !c.is_empty());
         if let (false, Some(cache)) = (shadow, cache) {
-            if let Some(denied) = cache.get(budget, cost, self.now()) {
+            if let Some(denied) = cache.get(budget, policy.id, cost, self.now()) {
                 return self.on_decision(
                     checked,
                     &head.headers,
@@ -357,6 +363,7 @@ impl<St: Store, I> Shared<St, I> {
             budget: check.budget.clone(),
             cost,
             started: Instant::now(),
+            asked: self.now(),
             retry: self.state.fallback.as_ref().map(|_| check.clone()),
         };
         Verdict::Wait(self.store.check(check), held)
@@ -485,7 +492,10 @@ impl<St: Store, I> Shared<St, I> {
         observe::outcome(&policy.route, checked.budget, outcome, remaining);
         if outcome == Outcome::Denied {
             if let Some(cache) = &self.state.denials {
-                cache.insert(checked.budget, checked.cost, self.now(), &decision);
+                // (From when the store was asked: the entry may end a
+                // little early, which only sends a request to the store.)
+                let asked = checked.asked.unwrap_or_else(|| self.now());
+                cache.insert(checked.budget, policy.id, checked.cost, asked, &decision);
             }
         }
         let response = match &options.on_blocked {

@@ -228,6 +228,93 @@ async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
 }
 
 #[tokio::test]
+async fn a_cached_denial_serves_only_the_rule_that_was_denied() {
+    // Two routes share a zone's budget with other limits: a denial on the
+    // stricter one says nothing of the other.
+    let store = Flaky::default();
+    let rules = Rules::builder()
+        .route("^/a", [Rule::new().zone("z").second(1)])
+        .route("^/b", [Rule::new().zone("z").second(3)])
+        .build()
+        .unwrap();
+    let app = App::new(rules, store.clone());
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(store.calls(), 2, "the repeats came from the cache");
+    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/b", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(store.calls(), 5);
+}
+
+/// A store that says no and gives no wait.
+#[derive(Clone, Default)]
+struct NoWait;
+
+impl Store for NoWait {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, _: Check) -> Self::Future {
+        ready(Ok(Decision::new(false, None, Duration::ZERO, [])))
+    }
+}
+
+#[tokio::test]
+async fn a_denial_without_a_wait_still_gets_retry_after() {
+    let app = App::new(one(Rule::new().second(1)), NoWait);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("retry-after"), 1);
+}
+
+/// A memory store whose answers take 40 ms on the layer's clock to arrive.
+#[derive(Clone, Default)]
+struct Slow {
+    inner: MemoryStore,
+    clock: Arc<std::sync::Mutex<Option<tower_ratelimit::clock::ManualClock>>>,
+}
+
+impl Store for Slow {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        let answer = self.inner.check(check);
+        if let Some(clock) = self.clock.lock().unwrap().as_ref() {
+            clock.advance(Duration::from_millis(40));
+        }
+        answer
+    }
+}
+
+#[tokio::test]
+async fn a_cached_denial_ends_when_the_store_said_not_when_its_answer_came() {
+    let store = Slow::default();
+    let app = App::new(one(Rule::new().second(1)), store.clone());
+    *store.clock.lock().unwrap() = Some(app.clock.clone());
+    // Allowed at 0 (answer at 40 ms); denied at 40 ms until 1 s (answer at
+    // 80 ms): the cached denial must end at 1 s, not 40 ms later.
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    app.advance_ms(919);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "999 ms: still denied (from the cache)"
+    );
+    app.advance_ms(1);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK, "at 1 s");
+}
+
+#[tokio::test]
 async fn fallback_limits_in_memory_while_the_store_is_down_and_probes_it() {
     let store = Flaky::default();
     let app = App::with(one(Rule::new().second(2)), store.clone(), |l| {
