@@ -342,3 +342,39 @@ matrix_failover! {
     cluster_failover_closed: FailMode::Closed;
     cluster_failover_fallback: FailMode::Fallback;
 }
+
+/// One slow reply is not a dead connection: the request it delays gets the
+/// fail mode at its deadline, the next ones are answered on the same
+/// connection (no reconnect, no window of "not connected" failures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_reply_keeps_the_connection() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let app = app_on(RedisStore::builder().url(server.url()), FailMode::Closed).await;
+    assert_eq!(app.get("/x", "a").await.status, StatusCode::OK);
+    let connections = |server: &RedisServer| -> u64 {
+        let info = server.cli(&["info", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    };
+    // (Every `cli` call is a connection of its own, counted too.)
+    let before = connections(&server);
+    let port = server.port;
+    let sleeper = std::thread::spawn(move || cli(port, &["debug", "sleep", "0.2"]));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let started = Instant::now();
+    let slow = app.get("/x", "b").await;
+    assert_eq!(slow.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(started.elapsed() < DEADLINE + SLACK);
+    sleeper.join().unwrap();
+    // Redis answers again: at once, on the connection the store had.
+    for user in ["c", "d", "e"] {
+        assert_eq!(app.get("/x", user).await.status, StatusCode::OK, "{user}");
+    }
+    assert_eq!(
+        connections(&server),
+        before + 2,
+        "the store connected again after one timeout"
+    );
+}

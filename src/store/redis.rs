@@ -451,21 +451,30 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>) {
         match result {
             Ok(_) => self.timeouts.store(0, Ordering::Relaxed),
-            Err(e) if broken(e) => {
-                if self.drop_when_broken {
-                    self.current.store(None);
-                }
-                self.reconnect();
-            }
+            // (redis-rs reports its response timeout as an I/O error: it is
+            // checked first, so one slow reply does not drop the connection.)
+            Err(e) if e.is_timeout() => self.observe_timeout(),
+            Err(e) if broken(e) => self.drop_and_reconnect(),
             Err(_) => {}
         }
     }
 
+    /// One slow reply (a fork, a long command of another client) is not a
+    /// broken connection; several in a row are treated as one.
     fn observe_timeout(self: &Arc<Self>) {
         if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_RECONNECT {
             self.timeouts.store(0, Ordering::Relaxed);
-            self.reconnect();
+            self.drop_and_reconnect();
         }
+    }
+
+    /// Stops using the current connection (checks fail at once meanwhile,
+    /// instead of each waiting out its deadline) and connects again.
+    fn drop_and_reconnect(self: &Arc<Self>) {
+        if self.drop_when_broken {
+            self.current.store(None);
+        }
+        self.reconnect();
     }
 }
 
