@@ -69,11 +69,14 @@ struct Args {
     /// Deadline of one store call, in milliseconds (Redis only).
     #[arg(long, value_name = "N", default_value_t = 50)]
     timeout_ms: u64,
-    /// Trust X-Forwarded-For / Forwarded from proxies in this network
-    /// (repeatable; CIDR or address). Without it, the peer address is the
-    /// client.
+    /// Trust X-Forwarded-For from proxies in this network (repeatable; CIDR
+    /// or address). Without it, the peer address is the client.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     trusted_proxies: Vec<String>,
+    /// The trusted proxies write RFC 7239's `Forwarded` header: read it
+    /// instead of X-Forwarded-For.
+    #[arg(long, requires = "trusted_proxies")]
+    rfc7239: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -145,7 +148,12 @@ async fn serve<St: Store>(
     mode: FailMode,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let groups = Arc::new(config.groups().clone());
-    let proxies = Arc::new(ForwardedIp::new(&args.trusted_proxies)?);
+    let proxies = ForwardedIp::new(&args.trusted_proxies)?;
+    let proxies = Arc::new(if args.rfc7239 {
+        proxies.rfc7239()
+    } else {
+        proxies
+    });
     let layer = RateLimitLayer::new(config.into_rules(), store)
         .fail_mode(mode)
         .identify(move |head: &Parts| std::future::ready(identify(head, &groups, &proxies)))

@@ -65,23 +65,28 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// `"default"`.
 ///
 /// The peer address (see [`ClientIp`]) is the client, unless the peer is a
-/// trusted proxy: then the forwarding chain (`Forwarded`, RFC 7239, when
-/// present, else `X-Forwarded-For`) is read **from the right**, skipping
-/// hops that are trusted proxies, and the first hop that is not is the
-/// client. Entries left of it were written by the client or by proxies you
-/// do not control, so a spoofed header can only ever add hops that are
-/// ignored.
+/// trusted proxy: then the forwarding chain your proxies write
+/// (`X-Forwarded-For`, or with [`rfc7239`](Self::rfc7239) `Forwarded`) is
+/// read **from the right**, skipping hops that are trusted proxies, and the
+/// first hop that is not is the client. Entries left of it were written by
+/// the client or by proxies you do not control, so a spoofed header can only
+/// ever add hops that are ignored. The other header is never read: a client
+/// could send it, and most proxies pass it through untouched.
 ///
 /// ```
 /// use tower_ratelimit::identity::ForwardedIp;
 ///
 /// // A load balancer in 10.0.0.0/8 and a local sidecar.
 /// let identity = ForwardedIp::new(["10.0.0.0/8", "127.0.0.1"])?;
+/// // Proxies that write RFC 7239's `Forwarded` instead.
+/// let identity = ForwardedIp::new(["10.0.0.0/8"])?.rfc7239();
 /// # Ok::<(), tower_ratelimit::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ForwardedIp {
     trusted: Arc<[Network]>,
+    /// Reads `Forwarded` (RFC 7239) instead of `X-Forwarded-For`.
+    rfc7239: bool,
 }
 
 impl ForwardedIp {
@@ -104,7 +109,18 @@ impl ForwardedIp {
         }
         Ok(Self {
             trusted: trusted.into(),
+            rfc7239: false,
         })
+    }
+
+    /// Reads the chain from the `Forwarded` header (RFC 7239's `for=`
+    /// values) instead of `X-Forwarded-For`: for proxies that write that
+    /// one. Only the header your proxies write may be read; the other is
+    /// the client's to forge.
+    #[must_use]
+    pub fn rfc7239(mut self) -> Self {
+        self.rfc7239 = true;
+        self
     }
 
     fn trusts(&self, ip: IpAddr) -> bool {
@@ -119,7 +135,7 @@ impl ForwardedIp {
             return Client::Ip(peer);
         }
         let mut nearest = Client::Ip(peer);
-        for hop in hops(headers).take(MAX_HOPS) {
+        for hop in hops(headers, self.rfc7239).take(MAX_HOPS) {
             match parse_hop(&hop) {
                 Some(ip) if self.trusts(ip) => nearest = Client::Ip(ip),
                 Some(ip) => return Client::Ip(ip),
@@ -139,33 +155,40 @@ pub enum Client {
     Token(String),
 }
 
-/// The hops of the forwarding chain, rightmost (nearest) first:
-/// `Forwarded`'s `for=` values when that header is present, else
-/// `X-Forwarded-For`'s entries. Several header lines are one list, in order.
-fn hops(headers: &HeaderMap) -> Box<dyn Iterator<Item = String> + '_> {
+/// The hops of the forwarding chain, rightmost (nearest) first: with
+/// `rfc7239`, `Forwarded`'s `for=` values, else `X-Forwarded-For`'s
+/// entries. Several header lines are one list, in order. A line is decoded
+/// byte by byte (an invalid byte becomes U+FFFD): a client's bad byte, left
+/// of what a proxy appended, spoils only the client's own hop.
+fn hops(headers: &HeaderMap, rfc7239: bool) -> Box<dyn Iterator<Item = String> + '_> {
     let lines = |name: http::HeaderName| {
-        let values: Vec<&str> = headers
+        let values: Vec<String> = headers
             .get_all(name)
             .iter()
-            .filter_map(|v| v.to_str().ok())
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect();
         values.into_iter().rev()
     };
-    if headers.contains_key(http::header::FORWARDED) {
+    if rfc7239 {
         Box::new(lines(http::header::FORWARDED).flat_map(|line| {
-            line.rsplit(',').map(|element| {
-                element
-                    .split(';')
-                    .filter_map(|pair| pair.split_once('='))
-                    .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
-                    .map(|(_, v)| v.trim().trim_matches('"').to_owned())
-                    .unwrap_or_default()
-            })
+            line.rsplit(',')
+                .map(|element| {
+                    element
+                        .split(';')
+                        .filter_map(|pair| pair.split_once('='))
+                        .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
+                        .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+                        .unwrap_or_default()
+                })
+                .collect::<Vec<_>>()
         }))
     } else {
         Box::new(
-            lines(http::HeaderName::from_static("x-forwarded-for"))
-                .flat_map(|line| line.rsplit(',').map(|hop| hop.trim().to_owned())),
+            lines(http::HeaderName::from_static("x-forwarded-for")).flat_map(|line| {
+                line.rsplit(',')
+                    .map(|hop| hop.trim().to_owned())
+                    .collect::<Vec<_>>()
+            }),
         )
     }
 }
@@ -272,8 +295,8 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_is_read_too() {
-        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+    fn forwarded_is_read_when_configured() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap().rfc7239();
         let h = headers(&[(
             "forwarded",
             r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https, for=10.3.3.3;by=10.0.0.1"#,
@@ -287,6 +310,46 @@ mod tests {
             f.client(ip("10.0.0.1"), &h),
             Client::Token("unknown".into())
         );
+        // Configured for `Forwarded`, a client's X-Forwarded-For is ignored.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("forwarded", "for=198.51.100.7"),
+        ]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
+    }
+
+    #[test]
+    fn a_forged_header_of_the_other_kind_is_never_read() {
+        // The proxy writes X-Forwarded-For and passes the client's own
+        // `Forwarded` through: that one must not name the client.
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let h = headers(&[
+            ("forwarded", "for=6.6.6.6"),
+            ("x-forwarded-for", "198.51.100.7"),
+        ]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
+        let h = headers(&[("forwarded", "for=6.6.6.6")]);
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("10.0.0.1")));
+    }
+
+    #[test]
+    fn a_clients_bad_byte_spoils_only_its_own_hop() {
+        // nginx appends the peer to the client's line: `<client's>, <peer>`.
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"\xff6.6.6.6, 198.51.100.7").unwrap(),
+        );
+        assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
+        // Nearest to the proxy, an undecodable hop is a token, never the
+        // proxy's own address.
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"1.2.3.4\xff").unwrap(),
+        );
+        assert!(matches!(f.client(ip("10.0.0.1"), &h), Client::Token(_)));
     }
 
     #[test]
