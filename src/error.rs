@@ -44,6 +44,9 @@ pub enum ConfigErrorKind {
     ZoneWithGlobal,
     /// A route-wide limit has no window.
     EmptyGlobal,
+    /// The rules of a route with a route-wide limit use different
+    /// algorithms; the route-wide budget is one, counted one way.
+    GlobalAlgorithm,
     /// A trusted proxy network is not an address or CIDR block.
     InvalidNetwork(String),
     /// The configuration text could not be parsed, or has an unknown field.
@@ -134,6 +137,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigErrorKind::ZoneAlgorithm => f.write_str(
                 "another rule of the same zone uses a different algorithm; a zone's rules share one budget",
+            ),
+            ConfigErrorKind::GlobalAlgorithm => f.write_str(
+                "another rule of this route uses a different algorithm; the route-wide limit is one budget, counted one way",
             ),
             ConfigErrorKind::ZoneWindows => f.write_str(
                 "another rule of the same zone has other window lengths; a zone's rules share one budget, so they must have the same windows (their limits may differ)",

@@ -660,8 +660,9 @@ impl RulesBuilder {
     /// expression, a zero or negative limit, a window of zero length, two
     /// windows of the same length in one rule, an unknown method, a rule
     /// that an earlier rule of its route makes unreachable, zones that
-    /// disagree on their algorithm or window lengths, or a zone on a route
-    /// with a route-wide limit.
+    /// disagree on their algorithm or window lengths, a zone on a route
+    /// with a route-wide limit, or rules of such a route that disagree on
+    /// their algorithm.
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
         let mut zones: BTreeMap<&str, Algorithm> = BTreeMap::new();
@@ -724,7 +725,23 @@ impl RulesBuilder {
                     shadow: route.shadow || self.shadow,
                 };
                 let zone_at = at.clone();
+                let rule_at = at.clone();
                 compiled.push(compile_rule(rule, at, &context, &compiled)?);
+                // The route-wide budget is one for every rule of the route:
+                // counted one way.
+                let algorithms = compiled
+                    .iter()
+                    .filter_map(|r| r.policy.as_ref())
+                    .map(|p| p.algorithm);
+                if global.is_some()
+                    && algorithms
+                        .clone()
+                        .any(|a| Some(a) != algorithms.clone().next())
+                {
+                    let mut at = rule_at;
+                    at.field = Some("algorithm".to_owned());
+                    return Err(ConfigError::new(at, ConfigErrorKind::GlobalAlgorithm));
+                }
                 let policy = compiled.last().and_then(|r| r.policy.as_ref());
                 if let (Some(zone), Some(policy)) = (rule.zone.as_deref(), policy) {
                     let lengths: Vec<u64> = policy.windows.iter().map(Window::micros).collect();
@@ -735,6 +752,7 @@ impl RulesBuilder {
                     }
                 }
             }
+            split_by_group(&mut compiled);
             routes.push(CompiledRoute {
                 pattern,
                 rules: compiled.into_boxed_slice(),
@@ -819,6 +837,42 @@ struct RouteContext<'a> {
     pattern: &'a Arc<str>,
     global: Option<&'a [Window]>,
     shadow: bool,
+}
+
+/// Rules of one route that share a budget key (the route's, or the route's
+/// for one method) but count it differently (another algorithm or other
+/// window lengths) get a budget of their own per group: `/` and the
+/// encoded group appended (`/` is in no encoding or route id). A user whose
+/// group changes between requests would otherwise meet a state laid out
+/// for other windows, which the stores would read as nothing counted.
+fn split_by_group(rules: &mut [CompiledRule]) {
+    let shape = |p: &Policy| {
+        (
+            p.algorithm,
+            p.windows.iter().map(Window::micros).collect::<Vec<_>>(),
+        )
+    };
+    let mut differs: Vec<Box<str>> = Vec::new();
+    for (i, a) in rules.iter().enumerate() {
+        let Some(pa) = &a.policy else { continue };
+        for b in &rules[i + 1..] {
+            if let Some(pb) = &b.policy {
+                if pa.budget == pb.budget && shape(pa) != shape(pb) && !differs.contains(&pa.budget)
+                {
+                    differs.push(pa.budget.clone());
+                }
+            }
+        }
+    }
+    for rule in rules.iter_mut() {
+        let group = rule.group.clone();
+        if let Some(policy) = rule.policy.as_mut().and_then(Arc::get_mut) {
+            if differs.contains(&policy.budget) {
+                policy.budget =
+                    format!("{}/{}", policy.budget, key::encode(group.as_bytes())).into();
+            }
+        }
+    }
 }
 
 fn compile_rule(
@@ -1127,6 +1181,45 @@ mod tests {
             Some(Candidates::Mask(m)) => (0..64).filter(|i| m & (1 << i) != 0).collect(),
             Some(Candidates::Many(v)) => v.into_iter().map(|i| i as usize).collect(),
         }
+    }
+
+    /// The budget of the rule `rules` picks for `group` on `path` (GET).
+    fn budget(rules: &Rules, path: &str, group: &str) -> String {
+        let candidates = rules.candidates(&Method::GET, path).unwrap();
+        let rule = rules.select(&candidates, group, &Method::GET).unwrap();
+        rule.policy.as_ref().unwrap().budget.to_string()
+    }
+
+    #[test]
+    fn groups_that_count_a_route_differently_get_budgets_of_their_own() {
+        let rules = Rules::builder()
+            .route(
+                "^/a",
+                [
+                    Rule::new().minute(2),
+                    // Same windows, another limit: the same budget.
+                    Rule::group("more").minute(20),
+                    Rule::group("pro").minute(20).hour(100),
+                    Rule::group("tb")
+                        .minute(2)
+                        .algorithm(Algorithm::TokenBucket),
+                ],
+            )
+            .route(
+                "^/b",
+                [Rule::new().minute(2), Rule::group("more").minute(9)],
+            )
+            .build()
+            .unwrap();
+        let route = key::pattern_id("^/a");
+        assert_eq!(budget(&rules, "/a", "default"), format!("{route}/default"));
+        assert_eq!(budget(&rules, "/a", "more"), format!("{route}/more"));
+        assert_eq!(budget(&rules, "/a", "pro"), format!("{route}/pro"));
+        assert_eq!(budget(&rules, "/a", "tb"), format!("{route}/tb"));
+        // A route whose groups all count alike keeps one budget.
+        let route = key::pattern_id("^/b");
+        assert_eq!(budget(&rules, "/b", "default"), route);
+        assert_eq!(budget(&rules, "/b", "more"), route);
     }
 
     #[test]

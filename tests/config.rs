@@ -243,6 +243,30 @@ fn rules_of_one_zone_must_agree_on_algorithm_and_window_lengths() {
 }
 
 #[test]
+fn a_route_wide_limit_is_counted_one_way() {
+    use tower_ratelimit::{Algorithm, Route};
+    let route = || Route::new("^/a").global(Rule::new().second(100));
+    let ok = Rules::builder()
+        .add_route(route().rules([Rule::new().second(1), Rule::group("pro").minute(9)]))
+        .build();
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    let err = Rules::builder()
+        .add_route(
+            route().rules([
+                Rule::new().second(1),
+                Rule::group("pro")
+                    .second(5)
+                    .algorithm(Algorithm::TokenBucket),
+            ]),
+        )
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::GlobalAlgorithm));
+    assert_eq!(err.rule(), Some((1, "pro")));
+    assert_eq!(err.field(), Some("algorithm"));
+}
+
+#[test]
 fn too_many_windows_are_rejected() {
     let mut rule = Rule::new();
     for s in 1..=9 {
