@@ -67,7 +67,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Mode::Open)]
     fail_mode: Mode,
     /// Deadline of one store call, in milliseconds (Redis only).
-    #[arg(long, value_name = "N", default_value_t = 50)]
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: u64,
     /// Trust X-Forwarded-For from proxies in this network (repeatable; CIDR
     /// or address). Without it, the peer address is the client.
@@ -191,7 +192,8 @@ fn identify(
         .get::<ConnectInfo<SocketAddr>>()
         .ok_or_else(|| IdentityError::new("no peer address"))?;
     Ok(match proxies.client(peer.0.ip(), &head.headers) {
-        Client::Ip(ip) => Identity::new(ip.to_string()),
+        // (An IPv6 client stands for its /64, as `ClientIp` does.)
+        Client::Ip(ip) => Identity::from_ip(ip),
         Client::Token(token) => Identity::new(format!("token:{token}")),
     })
 }

@@ -44,6 +44,9 @@ pub enum ConfigErrorKind {
     ZoneWithGlobal,
     /// A route-wide limit has no window.
     EmptyGlobal,
+    /// Two routes have the same pattern (budget keys are named after it,
+    /// so they would share them).
+    DuplicateRoute,
     /// The rules of a route with a route-wide limit use different
     /// algorithms; the route-wide budget is one, counted one way.
     GlobalAlgorithm,
@@ -137,6 +140,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigErrorKind::ZoneAlgorithm => f.write_str(
                 "another rule of the same zone uses a different algorithm; a zone's rules share one budget",
+            ),
+            ConfigErrorKind::DuplicateRoute => f.write_str(
+                "an earlier route has the same pattern; merge their rules into one route",
             ),
             ConfigErrorKind::GlobalAlgorithm => f.write_str(
                 "another rule of this route uses a different algorithm; the route-wide limit is one budget, counted one way",

@@ -581,10 +581,9 @@ impl Rules {
     ) -> Option<&CompiledRule> {
         let pick = |i: usize| {
             self.inner.routes.get(i).and_then(|route| {
-                route
-                    .rules
-                    .iter()
-                    .find(|r| &*r.group == group && r.method.as_ref().is_none_or(|m| m == method))
+                route.rules.iter().find(|r| {
+                    &*r.group == group && r.method.as_ref().is_none_or(|m| applies(m, method))
+                })
             })
         };
         match candidates {
@@ -602,6 +601,13 @@ impl Rules {
             Candidates::Many(list) => list.iter().find_map(|&i| pick(i as usize)),
         }
     }
+}
+
+/// Whether a rule for `rule` applies to a request with `request`: the same
+/// method, or `HEAD` under a `GET` rule (axum, like most routers, answers
+/// `HEAD` with the `GET` handler, so a `GET` limit must hold for it too).
+fn applies(rule: &Method, request: &Method) -> bool {
+    rule == request || (*rule == Method::GET && *request == Method::HEAD)
 }
 
 /// Builds a [`Rules`] table; see the [module docs](self).
@@ -665,9 +671,10 @@ impl RulesBuilder {
     /// their algorithm.
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
-        let mut zones: BTreeMap<&str, Algorithm> = BTreeMap::new();
-        // The window lengths of each zone's first rule with limits.
-        let mut zone_windows: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        // The algorithm and window lengths of each zone's first rule with
+        // limits.
+        let mut zones: BTreeMap<&str, (Algorithm, Vec<u64>)> = BTreeMap::new();
+        let mut patterns: BTreeMap<&str, usize> = BTreeMap::new();
         for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
                 route: Some((ri, route.pattern.clone())),
@@ -675,6 +682,11 @@ impl RulesBuilder {
             };
             if let Err(e) = regex::Regex::new(&route.pattern) {
                 return Err(ConfigError::new(at_route, ConfigErrorKind::InvalidRegex(e)));
+            }
+            // Budget keys are named after the pattern: two routes with one
+            // pattern would share them, whatever their rules.
+            if patterns.insert(&route.pattern, ri).is_some() {
+                return Err(ConfigError::new(at_route, ConfigErrorKind::DuplicateRoute));
             }
             let route_id = key::pattern_id(&route.pattern);
             let pattern: Arc<str> = route.pattern.as_str().into();
@@ -704,19 +716,10 @@ impl RulesBuilder {
                     rule: Some((i, rule.group.clone())),
                     ..at_route.clone()
                 };
-                if let Some(zone) = rule.zone.as_deref() {
-                    let conflict = if global.is_some() {
-                        Some(ConfigErrorKind::ZoneWithGlobal)
-                    } else if *zones.entry(zone).or_insert(rule.algorithm) != rule.algorithm {
-                        Some(ConfigErrorKind::ZoneAlgorithm)
-                    } else {
-                        None
-                    };
-                    if let Some(kind) = conflict {
-                        let mut at = at;
-                        at.field = Some("zone".to_owned());
-                        return Err(ConfigError::new(at, kind));
-                    }
+                if rule.zone.is_some() && global.is_some() {
+                    let mut at = at;
+                    at.field = Some("zone".to_owned());
+                    return Err(ConfigError::new(at, ConfigErrorKind::ZoneWithGlobal));
                 }
                 let context = RouteContext {
                     id: &route_id,
@@ -742,13 +745,25 @@ impl RulesBuilder {
                     at.field = Some("algorithm".to_owned());
                     return Err(ConfigError::new(at, ConfigErrorKind::GlobalAlgorithm));
                 }
+                // (Only rules with limits count a zone's budget: an
+                // unlimited group naming the zone is no conflict.)
                 let policy = compiled.last().and_then(|r| r.policy.as_ref());
                 if let (Some(zone), Some(policy)) = (rule.zone.as_deref(), policy) {
                     let lengths: Vec<u64> = policy.windows.iter().map(Window::micros).collect();
-                    if *zone_windows.entry(zone).or_insert_with(|| lengths.clone()) != lengths {
+                    let first = zones
+                        .entry(zone)
+                        .or_insert_with(|| (policy.algorithm, lengths.clone()));
+                    let conflict = if first.0 != policy.algorithm {
+                        Some(ConfigErrorKind::ZoneAlgorithm)
+                    } else if first.1 != lengths {
+                        Some(ConfigErrorKind::ZoneWindows)
+                    } else {
+                        None
+                    };
+                    if let Some(kind) = conflict {
                         let mut at = zone_at;
                         at.field = Some("zone".to_owned());
-                        return Err(ConfigError::new(at, ConfigErrorKind::ZoneWindows));
+                        return Err(ConfigError::new(at, kind));
                     }
                 }
             }
@@ -898,10 +913,14 @@ fn compile_rule(
     };
     // An earlier rule for the same group whose method is the same, or any,
     // would always be picked first.
-    if earlier
-        .iter()
-        .any(|e| *e.group == *rule.group && (e.method.is_none() || e.method == method))
-    {
+    if earlier.iter().any(|e| {
+        *e.group == *rule.group
+            && match (&e.method, &method) {
+                (None, _) => true,
+                (Some(e), Some(m)) => applies(e, m),
+                (Some(_), None) => false,
+            }
+    }) {
         return Err(fail(None, ConfigErrorKind::UnreachableRule));
     }
     let windows = rule.compile_windows(fail)?;
@@ -1220,6 +1239,33 @@ mod tests {
         let route = key::pattern_id("^/b");
         assert_eq!(budget(&rules, "/b", "default"), route);
         assert_eq!(budget(&rules, "/b", "more"), route);
+    }
+
+    #[test]
+    fn a_get_rule_limits_head_too() {
+        let rules = Rules::builder()
+            .route("^/a", [Rule::new().method("GET").minute(2)])
+            .build()
+            .unwrap();
+        let candidates = rules.candidates(&Method::HEAD, "/a").unwrap();
+        assert!(rules
+            .select(&candidates, "default", &Method::HEAD)
+            .is_some());
+        assert!(rules
+            .select(&candidates, "default", &Method::POST)
+            .is_none());
+        // A HEAD rule after a GET rule of the same group is unreachable.
+        let err = Rules::builder()
+            .route(
+                "^/a",
+                [
+                    Rule::new().method("GET").minute(2),
+                    Rule::new().method("HEAD").minute(9),
+                ],
+            )
+            .build()
+            .unwrap_err();
+        assert!(matches!(err.kind(), ConfigErrorKind::UnreachableRule));
     }
 
     #[test]

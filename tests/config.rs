@@ -31,6 +31,16 @@ fn the_documented_example_loads() {
 }
 
 #[test]
+fn the_example_config_loads() {
+    let config = Config::from_toml(include_str!("../examples/ratelimit.toml")).unwrap();
+    assert_eq!(config.rules().len(), 8);
+    assert_eq!(
+        config.groups().get("partner-key").map(String::as_str),
+        Some("partner")
+    );
+}
+
+#[test]
 fn every_rule_field_loads() {
     let rules = Rules::from_toml(
         r#"
@@ -240,6 +250,32 @@ fn rules_of_one_zone_must_agree_on_algorithm_and_window_lengths() {
         .unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::ZoneAlgorithm));
     assert_eq!(err.field(), Some("zone"));
+    // An unlimited rule naming the zone counts nothing: no conflict.
+    let ok = Rules::builder()
+        .route(
+            "^/a",
+            [
+                Rule::group("admin").zone("z"),
+                Rule::new()
+                    .zone("z")
+                    .minute(10)
+                    .algorithm(Algorithm::TokenBucket),
+            ],
+        )
+        .build();
+    assert!(ok.is_ok(), "{:?}", ok.err());
+}
+
+#[test]
+fn two_routes_with_one_pattern_are_rejected() {
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().minute(2)])
+        .route("^/b", [Rule::new().minute(2)])
+        .route("^/a", [Rule::group("pro").hour(9)])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::DuplicateRoute));
+    assert_eq!(err.route(), Some((2, "^/a")));
 }
 
 #[test]
