@@ -16,6 +16,11 @@ for w = 1, W do
   local elapsed = now % d
   local k = (now - elapsed) / d -- floor(now / d)
   local sk = S[4 * w]
+  -- A state of a later window (a request counted first that read the
+  -- clock later, or a clock stepped back) is the current one, from its
+  -- start: waits run from now, `ahead` before it.
+  local ahead = 0
+  if sk > k then k, elapsed, ahead = sk, 0, sk * d - now end
   local cur, prev = 0, 0
   if sk == k then
     cur, prev = S[4 * w - 2], S[4 * w - 1]
@@ -25,7 +30,7 @@ for w = 1, W do
   if sk ~= k then S[4 * w - 2], S[4 * w - 1], S[4 * w] = cur, prev, k end
   if prev * (d - elapsed) / d + cur + cost > limit then -- used(...), inline
     if w > UN then route_ok = false else user_ok = false end
-    local wait = wait_for(prev, cur, d, elapsed, limit, cost)
+    local wait = ahead + wait_for(prev, cur, d, elapsed, limit, cost)
     if wait > retry then retry = wait end
   end
 end
@@ -48,14 +53,19 @@ out[2] = retry
 local best, least = 0, 0
 for w = 1, W do
   local d = V[4 + 2 * w]
-  local r = V[5 + 2 * w] - (S[4 * w - 1] * (d - (now - S[4 * w] * d)) / d + S[4 * w - 2])
+  local elapsed = now - S[4 * w] * d
+  if elapsed < 0 then elapsed = 0 end
+  local r = V[5 + 2 * w] - (S[4 * w - 1] * (d - elapsed) / d + S[4 * w - 2])
   if r > 0 then r = r - r % 1 else r = 0 end
   out[4 + w] = r
   if best == 0 or r < least then best, least = w, r end
 end
 if best > 0 then
   local d = V[4 + 2 * best]
-  out[3] = wait_for(S[4 * best - 1], S[4 * best - 2], d, now - S[4 * best] * d,
+  local start = S[4 * best] * d
+  local elapsed, ahead = now - start, 0
+  if elapsed < 0 then elapsed, ahead = 0, -elapsed end
+  out[3] = ahead + wait_for(S[4 * best - 1], S[4 * best - 2], d, elapsed,
     V[5 + 2 * best], least + 1)
 end
 -- (The reply, packed: see prelude.lua.)

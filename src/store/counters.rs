@@ -91,12 +91,17 @@ pub(crate) fn fixed_window(
     let at = slots(state, windows);
     let cost = u64::from(cost);
     let mut counts = [0u64; MAX_WINDOWS];
+    let mut ks = [0u64; MAX_WINDOWS];
     let mut allowed = true;
     let mut retry = 0u64;
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
-        let k = now / d;
         let slot = state[at[i]];
+        // A slot of a later window than `now`'s (a request counted first
+        // that read the clock later, or a clock stepped back) is the
+        // current one: its count holds until it ends.
+        let k = (now / d).max(slot[1]);
+        ks[i] = k;
         counts[i] = if slot[1] == k { slot[2] } else { 0 };
         if counts[i] + cost > u64::from(w.limit()) {
             allowed = false;
@@ -112,7 +117,7 @@ pub(crate) fn fixed_window(
     let mut expires = now;
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
-        let k = now / d;
+        let k = ks[i];
         if allowed && record {
             counts[i] += cost;
             state[at[i]] = [d, k, counts[i], 0];
@@ -125,8 +130,7 @@ pub(crate) fn fixed_window(
     }
     let n = windows.len();
     let d = decision(allowed, retry, windows, &remaining[..n], |i| {
-        let d = windows[i].micros();
-        (now / d + 1) * d - now
+        (ks[i] + 1) * windows[i].micros() - now
     });
     (d, expires)
 }
@@ -144,12 +148,23 @@ pub(crate) fn sliding_window(
     let at = slots(state, windows);
     let mut cur = [0u64; MAX_WINDOWS];
     let mut prev = [0u64; MAX_WINDOWS];
+    let mut ks = [0u64; MAX_WINDOWS];
+    // Per window: the time elapsed in its current window, and how long
+    // until that window starts (0 but for a later window, below).
+    let mut elapsed = [0u64; MAX_WINDOWS];
+    let mut ahead = [0u64; MAX_WINDOWS];
     let mut allowed = true;
     let mut retry = 0u64;
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
-        let k = now / d;
         let slot = state[at[i]];
+        // A slot of a later window than `now`'s (a request counted first
+        // that read the clock later, or a clock stepped back) is the
+        // current one, taken from its start.
+        let k = (now / d).max(slot[1]);
+        ks[i] = k;
+        elapsed[i] = now.saturating_sub(k * d);
+        ahead[i] = (k * d).saturating_sub(now);
         (cur[i], prev[i]) = if slot[1] == k {
             (slot[2], slot[3])
         } else if slot[1] + 1 == k {
@@ -157,23 +172,17 @@ pub(crate) fn sliding_window(
         } else {
             (0, 0)
         };
-        let elapsed = now - k * d;
-        if used(prev[i], cur[i], d, elapsed) + f64::from(cost) > f64::from(w.limit()) {
+        if used(prev[i], cur[i], d, elapsed[i]) + f64::from(cost) > f64::from(w.limit()) {
             allowed = false;
-            retry = retry.max(sliding_wait(
-                prev[i],
-                cur[i],
-                d,
-                elapsed,
-                w.limit(),
-                u64::from(cost),
-            ));
+            retry = retry.max(
+                ahead[i] + sliding_wait(prev[i], cur[i], d, elapsed[i], w.limit(), u64::from(cost)),
+            );
         }
     }
     let mut expires = now;
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
-        let k = now / d;
+        let k = ks[i];
         if allowed && record {
             cur[i] += u64::from(cost);
             state[at[i]] = [d, k, cur[i], prev[i]];
@@ -183,8 +192,7 @@ pub(crate) fn sliding_window(
     }
     let mut remaining = [0u32; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
-        let d = w.micros();
-        let used = used(prev[i], cur[i], d, now - (now / d) * d);
+        let used = used(prev[i], cur[i], w.micros(), elapsed[i]);
         // (A cast truncates: the floor of a number at least 0, with no
         // call to libm.)
         remaining[i] = clamp_u32((f64::from(w.limit()) - used).max(0.0) as u64);
@@ -192,15 +200,15 @@ pub(crate) fn sliding_window(
     let n = windows.len();
     let d = decision(allowed, retry, windows, &remaining[..n], |i| {
         let w = windows[i];
-        let d = w.micros();
-        sliding_wait(
-            prev[i],
-            cur[i],
-            d,
-            now - (now / d) * d,
-            w.limit(),
-            u64::from(remaining[i]) + 1,
-        )
+        ahead[i]
+            + sliding_wait(
+                prev[i],
+                cur[i],
+                w.micros(),
+                elapsed[i],
+                w.limit(),
+                u64::from(remaining[i]) + 1,
+            )
     });
     (d, expires)
 }
@@ -335,6 +343,30 @@ mod tests {
             .0
             .allowed());
         assert!(fixed_window(&mut s, &windows, 1, 11 * S, true).0.allowed());
+    }
+
+    #[test]
+    fn a_later_window_in_the_state_is_the_current_one() {
+        // A request that read the clock just before a window's edge is
+        // counted after one that read it just after (or the clock stepped
+        // back): the later window's count still holds, and the wait runs
+        // from the real time.
+        type Algo = fn(&mut Vec<Slot>, &[Window], u32, u64, bool) -> (Decision, u64);
+        // (The sliding window's one request weighs in all through the next
+        // window too.)
+        for (algorithm, wait) in [
+            (fixed_window as Algo, S + 1),
+            (sliding_window as Algo, 2 * S + 1),
+        ] {
+            let mut s = Vec::new();
+            let windows = [w(1000, 1)];
+            assert!(algorithm(&mut s, &windows, 1, 11 * S, true).0.allowed());
+            let (early, _) = algorithm(&mut s, &windows, 1, 11 * S - 1, true);
+            assert!(!early.allowed());
+            assert_eq!(early.retry_after(), Some(Duration::from_micros(wait)));
+            assert!(!algorithm(&mut s, &windows, 1, 11 * S + 1, true).0.allowed());
+            assert!(algorithm(&mut s, &windows, 1, 13 * S, true).0.allowed());
+        }
     }
 
     #[test]

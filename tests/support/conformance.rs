@@ -49,6 +49,13 @@ macro_rules! conformance_suite {
                 async fn all_or_nothing() {
                     $crate::support::conformance::algorithm_all_or_nothing($make, $algorithm).await;
                 }
+                #[tokio::test]
+                async fn a_clock_that_steps_back_keeps_later_counts() {
+                    $crate::support::conformance::a_clock_that_steps_back_keeps_later_counts(
+                        $make, $algorithm,
+                    )
+                    .await;
+                }
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn concurrent_requests_on_one_budget_are_exact() {
                     $crate::support::conformance::concurrent_requests_on_one_budget_are_exact(
@@ -423,6 +430,58 @@ pub async fn concurrent_requests_on_one_budget_are_exact<St: Store>(
 
 /// Each algorithm's own contract at its edges: allowed exactly when the
 /// reported wait has passed, denied one millisecond before.
+/// A request counted just after a window's edge, then one whose clock
+/// reads just before it (it read the clock first but was counted second, or
+/// the clock stepped back): the later count holds for both, in every
+/// algorithm, on the straight-line and the general (route-wide) path.
+pub async fn a_clock_that_steps_back_keeps_later_counts<St: Store + Clone>(
+    store: impl std::future::Future<Output = St>,
+    algorithm: Algorithm,
+) {
+    let store = store.await;
+    let user = Rule::new().second(1).algorithm(algorithm);
+    let plain = App::new(one_route("^/a", [user.clone()]), store.clone());
+    let rules = Rules::builder()
+        .add_route(
+            Route::new("^/b")
+                .rules([user])
+                .global(Rule::new().hour(1000)),
+        )
+        .build()
+        .unwrap();
+    let general = App::new(rules, store);
+    for (app, path) in [(&plain, "/a"), (&general, "/b")] {
+        let start = tower_ratelimit::clock::Clock::now(&app.clock);
+        app.advance_ms(1000);
+        assert_eq!(app.get(path, "u").await.status, StatusCode::OK, "{path}");
+        app.clock
+            .set(start.saturating_add(Duration::from_micros(999_999)));
+        let early = app.get(path, "u").await;
+        assert_eq!(
+            early.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?} {path}"
+        );
+        assert_eq!(early.number("x-ratelimit-remaining"), 0);
+        // Waits run from the clock's reading: 1 s + 1 µs to the next window
+        // (the sliding window's count weighs on through the one after).
+        let wait = if algorithm == Algorithm::SlidingWindow {
+            3
+        } else {
+            2
+        };
+        assert_eq!(early.number("retry-after"), wait, "{algorithm:?} {path}");
+        app.advance_ms(2);
+        assert_eq!(
+            app.get(path, "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?} {path}"
+        );
+        app.advance_ms(3000);
+        assert_eq!(app.get(path, "u").await.status, StatusCode::OK, "{path}");
+    }
+}
+
 pub async fn algorithm_edges<St: Store>(
     store: impl std::future::Future<Output = St>,
     algorithm: Algorithm,
