@@ -243,19 +243,41 @@ fn sliding_wait(prev: u64, cur: u64, d: u64, elapsed: u64, limit: u32, k: u64) -
         return offset;
     }
     // Solve p * (d - e) / d <= limit - c - k for e, then settle rounding on
-    // the exact predicate (the loops find the first e that fits from any
-    // start, so a cast, which truncates and reads NaN as 0, does for ceil).
+    // the exact predicate: the first e that fits, which is one (`fits`
+    // only grows with e, and holds at d). The estimate is almost always
+    // right or one off; where doubles round coarsely (huge limits, long
+    // windows) a binary search finds it in at most 64 steps. (A cast,
+    // which truncates and reads NaN as 0, does for ceil.)
     let room = (limit - c - k) as f64;
-    let mut e = ((d as f64 - room * d as f64 / p as f64) as u64)
-        .max(base)
+    let e = ((d as f64 - room * d as f64 / p as f64) as u64)
+        .max(base + 1)
         .min(d);
-    while e > base && fits(e - 1) {
-        e -= 1;
-    }
-    while e < d && !fits(e) {
-        e += 1;
-    }
+    let e = if fits(e) {
+        if fits(e - 1) {
+            first_fit(base + 1, e - 1, fits)
+        } else {
+            e
+        }
+    } else if e < d && fits(e + 1) {
+        e + 1
+    } else {
+        first_fit(e + 1, d, fits)
+    };
     offset + e - base
+}
+
+/// The first e in `lo ..= hi` where `fits` holds, given it holds at `hi`
+/// and only grows with e.
+fn first_fit(mut lo: u64, mut hi: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    hi
 }
 
 /// GCRA: a window of `n` per `w` is a bucket of `n` refilled one every
@@ -366,6 +388,40 @@ mod tests {
             assert_eq!(early.retry_after(), Some(Duration::from_micros(wait)));
             assert!(!algorithm(&mut s, &windows, 1, 11 * S + 1, true).0.allowed());
             assert!(algorithm(&mut s, &windows, 1, 13 * S, true).0.allowed());
+        }
+    }
+
+    #[test]
+    fn sliding_waits_are_the_first_microsecond_that_fits_even_when_doubles_round_coarsely() {
+        // A year-long window with a limit near u32::MAX: the weighted count
+        // stays put for millions of microseconds at a time (a step-by-step
+        // search took 7.5M steps here).
+        let year = 365 * 24 * 3600 * S;
+        for (prev, cur, d, elapsed, limit, k) in [
+            (1, 0, year, 0, u32::MAX, u64::from(u32::MAX) - 1),
+            (1, 0, 30 * 24 * 3600 * S, 5, u32::MAX, u64::from(u32::MAX)),
+            (3, 1, year, 17, 100_000_000, 99_999_997),
+            (7, 2, 1_000, 100, 10, 3),
+        ] {
+            let wait = sliding_wait(prev, cur, d, elapsed, limit, k);
+            let limit = f64::from(limit);
+            // Where it lands: within this window or the next one.
+            let (p, c, base) = if cur + k <= limit as u64 {
+                (prev, cur, elapsed)
+            } else {
+                (cur, 0, 0)
+            };
+            let e = if base == elapsed && cur + k <= limit as u64 {
+                elapsed + wait
+            } else {
+                wait - (d - elapsed)
+            };
+            let fits = |e: u64| used(p, c, d, e) + k as f64 <= limit;
+            assert!(fits(e), "{prev} {cur} {d} {elapsed} {k}: {wait}");
+            assert!(
+                e == base || !fits(e - 1),
+                "{prev} {cur} {d} {elapsed} {k}: {wait}"
+            );
         }
     }
 
