@@ -58,9 +58,11 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Shard]>,
-    /// `64 - log2(shards)`: a budget's shard is the top bits of its hash
-    /// (hashbrown uses the low and the top 7 for itself; shards only need a
-    /// few).
+    /// `57 - log2(shards)`: a budget's shard is the bits of its hash just
+    /// below the top 7. hashbrown indexes its table with the low bits and
+    /// tags each entry with the top 7: shards taken from either would leave
+    /// a shard's entries fewer distinct indexes or tags (more false matches
+    /// and key compares).
     shift: u32,
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
@@ -263,7 +265,7 @@ impl MemoryStore {
     pub fn with_clock(clock: impl Clock) -> Self {
         let threads = std::thread::available_parallelism().map_or(4, usize::from);
         let shards = (threads * 8).next_power_of_two().clamp(16, 1024);
-        let shift = 64 - shards.trailing_zeros();
+        let shift = 57 - shards.trailing_zeros();
         let shards = (0..shards)
             .map(|_| {
                 Shard(Mutex::new(ShardState {
@@ -318,7 +320,7 @@ impl MemoryStore {
     }
 
     fn shard_of(&self, hash: u64) -> usize {
-        // `shift` is at most 60 (at least 16 shards): the index is in range.
+        // (The remainder keeps the index in range whatever the shift.)
         usize::try_from(hash >> self.inner.shift).unwrap_or(0) % self.inner.shards.len()
     }
 
