@@ -47,6 +47,10 @@ pub enum ConfigErrorKind {
     /// Two routes have the same pattern (budget keys are named after it,
     /// so they would share them).
     DuplicateRoute,
+    /// A route-wide limit sets more than windows (an algorithm, a block
+    /// time, a method or a zone): it has only windows, and is counted with
+    /// its route's rules' algorithm.
+    GlobalField,
     /// The rules of a route with a route-wide limit use different
     /// algorithms; the route-wide budget is one, counted one way.
     GlobalAlgorithm,
@@ -143,6 +147,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigErrorKind::DuplicateRoute => f.write_str(
                 "an earlier route has the same pattern; merge their rules into one route",
+            ),
+            ConfigErrorKind::GlobalField => f.write_str(
+                "a route-wide limit has only windows; it is counted with the algorithm of its route's rules",
             ),
             ConfigErrorKind::GlobalAlgorithm => f.write_str(
                 "another rule of this route uses a different algorithm; the route-wide limit is one budget, counted one way",

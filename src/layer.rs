@@ -230,7 +230,9 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
         self.fresh()
     }
 
-    /// Shadow mode: decide, log and set headers, but never deny.
+    /// Shadow mode for every route: decide, log and set headers, but never
+    /// deny. Defaults to the rule table's own `shadow`, which this
+    /// overrides either way; a route's own `shadow` holds regardless.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.options.shadow = shadow;
         self.fresh()

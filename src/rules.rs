@@ -697,6 +697,19 @@ impl RulesBuilder {
                         field: Some("global".to_owned()),
                         ..at_route.clone()
                     };
+                    // Only windows: the route-wide budget is counted with
+                    // its rules' algorithm, and has no method, zone or block.
+                    let ignored = [
+                        ("algorithm", limits.algorithm != Algorithm::default()),
+                        ("block_time", limits.block_time.is_some()),
+                        ("method", limits.method.is_some()),
+                        ("zone", limits.zone.is_some()),
+                    ];
+                    if let Some((field, _)) = ignored.iter().find(|(_, set)| *set) {
+                        let mut at = at;
+                        at.field = Some(format!("global.{field}"));
+                        return Err(ConfigError::new(at, ConfigErrorKind::GlobalField));
+                    }
                     let windows = limits.compile_windows(|field, kind| {
                         let mut at = at.clone();
                         if let Some(f) = field {
@@ -725,7 +738,9 @@ impl RulesBuilder {
                     id: &route_id,
                     pattern: &pattern,
                     global: global.as_deref(),
-                    shadow: route.shadow || self.shadow,
+                    // (The table's own flag is the layer's default, which
+                    // the layer may override: see `RateLimitLayer::shadow`.)
+                    shadow: route.shadow,
                 };
                 let zone_at = at.clone();
                 let rule_at = at.clone();

@@ -300,6 +300,17 @@ fn a_route_wide_limit_is_counted_one_way() {
     assert!(matches!(err.kind(), ConfigErrorKind::GlobalAlgorithm));
     assert_eq!(err.rule(), Some((1, "pro")));
     assert_eq!(err.field(), Some("algorithm"));
+    // The route-wide limit itself has only windows.
+    let err = Rules::builder()
+        .add_route(
+            Route::new("^/a")
+                .global(Rule::new().second(100).block_time(Duration::from_secs(9)))
+                .rules([Rule::new().second(1)]),
+        )
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::GlobalField));
+    assert_eq!(err.field(), Some("global.block_time"));
 }
 
 #[test]

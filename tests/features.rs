@@ -78,6 +78,23 @@ async fn shadow_mode_never_denies_but_reports() {
     app.get("/a", "u").await;
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(app.inner_calls(), 2);
+    // A table in shadow mode is the layer's default, which it overrides.
+    let table = || {
+        Rules::builder()
+            .route("^/a", [Rule::new().second(1)])
+            .shadow(true)
+            .build()
+            .unwrap()
+    };
+    let app = App::new(table(), MemoryStore::new());
+    app.get("/a", "u").await;
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let app = App::with(table(), MemoryStore::new(), |l| l.shadow(false));
+    app.get("/a", "u").await;
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
