@@ -10,9 +10,9 @@ local user_ok, route_ok, retry = true, true, 0
 for w = 1, W do
   local d, limit = V[4 + 2 * w], V[5 + 2 * w]
   local k = (now - now % d) / d -- floor(now / d)
-  -- A state of a later window (a request counted first that read the
+  -- A state of the next window (a request counted first that read the
   -- clock later, or a clock stepped back) is the current one.
-  if S[3 * w] > k then k = S[3 * w] end
+  if S[3 * w] == k + 1 then k = S[3 * w] end
   local count = S[3 * w - 1]
   if S[3 * w] ~= k then
     count = 0

@@ -16,11 +16,11 @@ for w = 1, W do
   local elapsed = now % d
   local k = (now - elapsed) / d -- floor(now / d)
   local sk = S[4 * w]
-  -- A state of a later window (a request counted first that read the
+  -- A state of the next window (a request counted first that read the
   -- clock later, or a clock stepped back) is the current one, from its
   -- start: waits run from now, `ahead` before it.
   local ahead = 0
-  if sk > k then k, elapsed, ahead = sk, 0, sk * d - now end
+  if sk == k + 1 then k, elapsed, ahead = sk, 0, sk * d - now end
   local cur, prev = 0, 0
   if sk == k then
     cur, prev = S[4 * w - 2], S[4 * w - 1]

@@ -18,12 +18,12 @@ end
 -- remaining counts, the reset and the retry out of them with the memory
 -- store's own function (src/store/redis.rs, decode_counters): Redis spends
 -- nothing on the report.
--- A state of a later window (a request counted first that read the clock
+-- A state of the next window (a request counted first that read the clock
 -- later, or a clock stepped back) is the current one.
 local allowed = 1
 --$each
 local k@ = (now - now % d@) / d@
-if s@ > k@ then k@ = s@ end
+if s@ == k@ + 1 then k@ = s@ end
 if s@ ~= k@ then c@ = 0 end
 if c@ + cost > n@ then allowed = 0 end
 --$end

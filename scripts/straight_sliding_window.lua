@@ -15,14 +15,14 @@ $REMAP
   end
 end
 -- The script decides and records; the store reports (see
--- straight_fixed_window.lua). A state of a later window (a request counted
+-- straight_fixed_window.lua). A state of the next window (a request counted
 -- first that read the clock later, or a clock stepped back) is the current
 -- one, from its start.
 local allowed = 1
 --$each
 local e@ = now % d@
 local k@ = (now - e@) / d@
-if s@ > k@ then k@, e@ = s@, 0 end
+if s@ == k@ + 1 then k@, e@ = s@, 0 end
 if s@ == k@ - 1 then
   c@, p@ = 0, c@
 elseif s@ ~= k@ then

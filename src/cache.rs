@@ -1,6 +1,7 @@
 //! The local cache of denials.
 //!
-//! When the store says a budget is denied for a request of cost `c` until
+//! When an asynchronous store (Redis; one that answers at once needs no
+//! cache) says a budget is denied for a request of cost `c` until
 //! `T` under a rule's policy, another request of cost `c` for that budget
 //! under the same policy cannot pass before `T` (denied requests consume
 //! nothing, and nothing but time frees a slot), so the layer can deny it

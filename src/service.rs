@@ -490,13 +490,14 @@ impl<St: Store, I> Shared<St, I> {
             other => other,
         };
         observe::outcome(&policy.route, checked.budget, outcome, remaining);
-        if outcome == Outcome::Denied {
-            if let Some(cache) = &self.state.denials {
-                // (From when the store was asked: the entry may end a
-                // little early, which only sends a request to the store.)
-                let asked = checked.asked.unwrap_or_else(|| self.now());
-                cache.insert(checked.budget, policy.id, checked.cost, asked, &decision);
-            }
+        // Only an asynchronous store's denials are cached (a store that
+        // answers at once is as fast as the cache), from when it was asked:
+        // an entry may end a little early, which only sends a request to
+        // the store.
+        if let (Outcome::Denied, Some(cache), Some(asked)) =
+            (outcome, &self.state.denials, checked.asked)
+        {
+            cache.insert(checked.budget, policy.id, checked.cost, asked, &decision);
         }
         let response = match &options.on_blocked {
             Some(f) => f(&decision),

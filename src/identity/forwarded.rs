@@ -2,6 +2,7 @@
 
 use std::future::{ready, Ready};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -87,6 +88,8 @@ pub struct ForwardedIp {
     trusted: Arc<[Network]>,
     /// Reads `Forwarded` (RFC 7239) instead of `X-Forwarded-For`.
     rfc7239: bool,
+    /// Whether the warning about the other header was logged.
+    warned: Arc<AtomicBool>,
 }
 
 impl ForwardedIp {
@@ -110,6 +113,7 @@ impl ForwardedIp {
         Ok(Self {
             trusted: trusted.into(),
             rfc7239: false,
+            warned: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -123,6 +127,27 @@ impl ForwardedIp {
         self
     }
 
+    /// Logs once when a trusted proxy's request carries the header this
+    /// does not read: perhaps the proxies write that one (then configure
+    /// it, or clients pick their own identity), perhaps a client sent it.
+    fn warn_of_the_other_header(&self, headers: &HeaderMap) {
+        let (read, other) = if self.rfc7239 {
+            ("Forwarded", "x-forwarded-for")
+        } else {
+            ("X-Forwarded-For", "forwarded")
+        };
+        if headers.contains_key(other)
+            && !self.warned.load(Ordering::Relaxed)
+            && !self.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                read,
+                ignored = other,
+                "a request from a trusted proxy carries a forwarding header this identity does not read; if your proxies write that one, configure ForwardedIp to read it (rfc7239() for Forwarded), else clients choose their own identity (logged once)"
+            );
+        }
+    }
+
     fn trusts(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|n| n.contains(ip))
     }
@@ -134,6 +159,7 @@ impl ForwardedIp {
         if !self.trusts(peer) {
             return Client::Ip(peer);
         }
+        self.warn_of_the_other_header(headers);
         let mut nearest = Client::Ip(peer);
         for hop in hops(headers, self.rfc7239).take(MAX_HOPS) {
             match parse_hop(&hop) {

@@ -97,10 +97,10 @@ pub(crate) fn fixed_window(
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
         let slot = state[at[i]];
-        // A slot of a later window than `now`'s (a request counted first
+        // A slot of the next window after `now`'s (a request counted first
         // that read the clock later, or a clock stepped back) is the
         // current one: its count holds until it ends.
-        let k = (now / d).max(slot[1]);
+        let k = later(now / d, slot[1]);
         ks[i] = k;
         counts[i] = if slot[1] == k { slot[2] } else { 0 };
         if counts[i] + cost > u64::from(w.limit()) {
@@ -135,6 +135,19 @@ pub(crate) fn fixed_window(
     (d, expires)
 }
 
+/// The current window number: `now`'s, or the next one when a slot holds
+/// it (a request counted first that read the clock later, or a clock
+/// stepped back across an edge). A state further ahead is from a clock
+/// that ran ahead and came back: it is not kept (as before this rule), so a
+/// big step back cannot hold a budget for as long as the step.
+fn later(k: u64, stored: u64) -> u64 {
+    if stored == k + 1 {
+        stored
+    } else {
+        k
+    }
+}
+
 /// The sliding window counter: the current fixed window's count plus the
 /// previous window's count weighted by how much of it the sliding window
 /// still covers. Slot: `[d, k, current count, previous count]`.
@@ -158,10 +171,10 @@ pub(crate) fn sliding_window(
     for (i, w) in windows.iter().enumerate() {
         let d = w.micros();
         let slot = state[at[i]];
-        // A slot of a later window than `now`'s (a request counted first
+        // A slot of the next window after `now`'s (a request counted first
         // that read the clock later, or a clock stepped back) is the
         // current one, taken from its start.
-        let k = (now / d).max(slot[1]);
+        let k = later(now / d, slot[1]);
         ks[i] = k;
         elapsed[i] = now.saturating_sub(k * d);
         ahead[i] = (k * d).saturating_sub(now);
@@ -388,6 +401,11 @@ mod tests {
             assert_eq!(early.retry_after(), Some(Duration::from_micros(wait)));
             assert!(!algorithm(&mut s, &windows, 1, 11 * S + 1, true).0.allowed());
             assert!(algorithm(&mut s, &windows, 1, 13 * S, true).0.allowed());
+            // A state further ahead (a clock that ran ahead, then came back)
+            // is not kept: it would hold the budget as long as the step.
+            let mut s = Vec::new();
+            assert!(algorithm(&mut s, &windows, 1, 20 * S, true).0.allowed());
+            assert!(algorithm(&mut s, &windows, 1, 11 * S, true).0.allowed());
         }
     }
 
