@@ -1,7 +1,8 @@
 //! Budget keys: how a (route or zone, user) pair becomes one store key.
 //!
 //! A budget key is `<policy>:<user>` where both parts are encoded so that
-//! they only contain `[A-Za-z0-9-._~@+=%#]`:
+//! they only contain `[A-Za-z0-9-._~@+=%#]` (a policy part may also hold one
+//! `/` before an encoded group, which no encoding contains):
 //!
 //! - bytes outside the unreserved set (`-._~@+=` and alphanumerics) become
 //!   `%XX`, so `:`, `{`, `}`, spaces, newlines and non-UTF-8 bytes can never
