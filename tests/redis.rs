@@ -587,3 +587,44 @@ async fn a_check_future_stays_small() {
     let size = std::mem::size_of_val(&*future);
     assert!(size <= 1024, "a check's future takes {size} bytes");
 }
+
+/// A request whose microsecond falls inside a run of taken ones (after a
+/// costly request) finds the first free microsecond in one search: a few
+/// commands, not one `ZADD` per taken microsecond inside the script.
+#[tokio::test]
+async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let app = App::with(one_route(Rule::new().minute(100_000)), store, |l| {
+        l.cost(|head| {
+            if head.uri.path() == "/a/big" {
+                10_000
+            } else {
+                1
+            }
+        })
+    });
+    let zadds = || -> u64 {
+        server
+            .cli(&["info", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_zadd:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    // 10,000 entries from now on; then, at the same instant, one more.
+    assert_eq!(app.get("/a/big", "u").await.status, StatusCode::OK);
+    let before = zadds();
+    let reply = app.get("/a", "u").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.number("x-ratelimit-remaining"), 100_000 - 10_001);
+    // (The one-entry ZADD at now, then one after the run.)
+    assert!(zadds() - before <= 2, "{} ZADDs", zadds() - before);
+    let keys = server.cli(&["--scan", "--pattern", "*:u}:l"]);
+    assert_eq!(server.cli(&["zcard", keys.trim()]), "10001");
+}
