@@ -601,12 +601,10 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
         .await
         .unwrap();
     let app = App::with(one_route(Rule::new().minute(100_000)), store, |l| {
-        l.cost(|head| {
-            if head.uri.path() == "/a/big" {
-                10_000
-            } else {
-                1
-            }
+        l.cost(|head| match head.uri.path() {
+            "/a/big" => 10_000,
+            "/a/five" => 5,
+            _ => 1,
         })
     });
     let zadds = || -> u64 {
@@ -627,4 +625,15 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
     assert!(zadds() - before <= 2, "{} ZADDs", zadds() - before);
     let keys = server.cli(&["--scan", "--pattern", "*:u}:l"]);
     assert_eq!(server.cli(&["zcard", keys.trim()]), "10001");
+    // The clock steps back 3 µs: three free microseconds below the run,
+    // then the run is skipped in one search again.
+    let start = tower_ratelimit::clock::Clock::now(&app.clock);
+    app.clock
+        .set(tower_ratelimit::clock::Timestamp::from_micros(
+            start.as_micros() - 3,
+        ));
+    let before = zadds();
+    assert_eq!(app.get("/a/five", "u").await.status, StatusCode::OK);
+    assert!(zadds() - before <= 2, "{} ZADDs", zadds() - before);
+    assert_eq!(server.cli(&["zcard", keys.trim()]), "10006");
 }

@@ -136,8 +136,8 @@ impl ForwardedIp {
         } else {
             ("X-Forwarded-For", "forwarded")
         };
-        if headers.contains_key(other)
-            && !self.warned.load(Ordering::Relaxed)
+        if !self.warned.load(Ordering::Relaxed)
+            && headers.contains_key(other)
             && !self.warned.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
