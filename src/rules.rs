@@ -382,6 +382,19 @@ pub(crate) struct Policy {
     pub(crate) limits: Box<[HeaderValue]>,
 }
 
+/// How a policy counts its budget: its algorithm and window lengths. Rules
+/// sharing a budget must agree on it (their limits may differ).
+type Shape = (Algorithm, Vec<u64>);
+
+impl Policy {
+    fn shape(&self) -> Shape {
+        (
+            self.algorithm,
+            self.windows.iter().map(Window::micros).collect(),
+        )
+    }
+}
+
 /// The name of a window in the IETF headers: `60s`, `250ms`; route-wide
 /// windows are prefixed `route-`.
 pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> String {
@@ -671,9 +684,8 @@ impl RulesBuilder {
     /// their algorithm.
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
-        // The algorithm and window lengths of each zone's first rule with
-        // limits.
-        let mut zones: BTreeMap<&str, (Algorithm, Vec<u64>)> = BTreeMap::new();
+        // The shape of each zone's first rule with limits.
+        let mut zones: BTreeMap<&str, Shape> = BTreeMap::new();
         let mut patterns: BTreeMap<&str, usize> = BTreeMap::new();
         for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
@@ -724,6 +736,7 @@ impl RulesBuilder {
                 }
             };
             let mut compiled: Vec<CompiledRule> = Vec::with_capacity(route.rules.len());
+            let mut route_algorithm = None;
             for (i, rule) in route.rules.iter().enumerate() {
                 let at = Location {
                     rule: Some((i, rule.group.clone())),
@@ -742,44 +755,35 @@ impl RulesBuilder {
                     // the layer may override: see `RateLimitLayer::shadow`.)
                     shadow: route.shadow,
                 };
-                let zone_at = at.clone();
                 let rule_at = at.clone();
                 compiled.push(compile_rule(rule, at, &context, &compiled)?);
+                // (Only rules with limits count a budget: an unlimited group
+                // is no conflict.)
+                let Some(policy) = compiled.last().and_then(|r| r.policy.as_ref()) else {
+                    continue;
+                };
+                let shape = policy.shape();
                 // The route-wide budget is one for every rule of the route:
                 // counted one way.
-                let algorithms = compiled
-                    .iter()
-                    .filter_map(|r| r.policy.as_ref())
-                    .map(|p| p.algorithm);
-                if global.is_some()
-                    && algorithms
-                        .clone()
-                        .any(|a| Some(a) != algorithms.clone().next())
-                {
-                    let mut at = rule_at;
-                    at.field = Some("algorithm".to_owned());
-                    return Err(ConfigError::new(at, ConfigErrorKind::GlobalAlgorithm));
-                }
-                // (Only rules with limits count a zone's budget: an
-                // unlimited group naming the zone is no conflict.)
-                let policy = compiled.last().and_then(|r| r.policy.as_ref());
-                if let (Some(zone), Some(policy)) = (rule.zone.as_deref(), policy) {
-                    let lengths: Vec<u64> = policy.windows.iter().map(Window::micros).collect();
-                    let first = zones
-                        .entry(zone)
-                        .or_insert_with(|| (policy.algorithm, lengths.clone()));
-                    let conflict = if first.0 != policy.algorithm {
-                        Some(ConfigErrorKind::ZoneAlgorithm)
-                    } else if first.1 != lengths {
-                        Some(ConfigErrorKind::ZoneWindows)
+                let route_algorithm = *route_algorithm.get_or_insert(shape.0);
+                let conflict = if global.is_some() && shape.0 != route_algorithm {
+                    Some(("algorithm", ConfigErrorKind::GlobalAlgorithm))
+                } else if let Some(zone) = rule.zone.as_deref() {
+                    let first = zones.entry(zone).or_insert_with(|| shape.clone());
+                    if first.0 != shape.0 {
+                        Some(("zone", ConfigErrorKind::ZoneAlgorithm))
+                    } else if first.1 != shape.1 {
+                        Some(("zone", ConfigErrorKind::ZoneWindows))
                     } else {
                         None
-                    };
-                    if let Some(kind) = conflict {
-                        let mut at = zone_at;
-                        at.field = Some("zone".to_owned());
-                        return Err(ConfigError::new(at, kind));
                     }
+                } else {
+                    None
+                };
+                if let Some((field, kind)) = conflict {
+                    let mut at = rule_at;
+                    at.field = Some(field.to_owned());
+                    return Err(ConfigError::new(at, kind));
                 }
             }
             split_by_group(&mut compiled);
@@ -876,12 +880,7 @@ struct RouteContext<'a> {
 /// group changes between requests would otherwise meet a state laid out
 /// for other windows, which the stores would read as nothing counted.
 fn split_by_group(rules: &mut [CompiledRule]) {
-    let shape = |p: &Policy| {
-        (
-            p.algorithm,
-            p.windows.iter().map(Window::micros).collect::<Vec<_>>(),
-        )
-    };
+    let shape = Policy::shape;
     let mut differs: Vec<Box<str>> = Vec::new();
     for (i, a) in rules.iter().enumerate() {
         let Some(pa) = &a.policy else { continue };
