@@ -103,3 +103,134 @@ proptest! {
         })?;
     }
 }
+
+/// One request of [`packed_logs_decide_as_the_memory_store`]: which user,
+/// how far the clock moves (back too), its cost, and which of the rules
+/// checks it.
+#[derive(Debug, Clone)]
+struct LogStep {
+    user: u8,
+    gap_us: i64,
+    cost: u32,
+    rule: usize,
+}
+
+fn log_step() -> impl Strategy<Value = LogStep> {
+    // Window lengths are whole tenths of a second: gaps of whole tenths
+    // put entries right on a window's edge.
+    let gap = prop_oneof![
+        2 => Just(0i64),
+        2 => 0i64..3_000,
+        4 => 0i64..400_000,
+        2 => (1i64..30).prop_map(|k| k * 100_000),
+        1 => 0i64..3_000_000,
+        1 => -5_000i64..0,
+        1 => -1_500_000i64..0,
+    ];
+    (0u8..2, gap, prop_oneof![4 => Just(1u32), 1 => 2u32..=20], 0usize..3).prop_map(
+        |(user, gap_us, cost, rule)| LogStep {
+            user,
+            gap_us,
+            cost,
+            rule,
+        },
+    )
+}
+
+/// 1 to 5 windows from 100 ms to 30 s, limits up to 400: the
+/// straight-line sliding-log shapes (packed logs of hundreds of entries).
+fn log_windows() -> impl Strategy<Value = Vec<Window>> {
+    let limit = prop_oneof![1u32..=80, 100u32..=400];
+    let window = (1u64..300, limit).prop_map(|(tenths, l)| (tenths * 100, l));
+    proptest::collection::vec(window, 1..=5).prop_map(|mut ws| {
+        ws.sort();
+        ws.dedup_by_key(|w| w.0);
+        ws.into_iter()
+            .map(|(ms, l)| Window::new(Duration::from_millis(ms), l).unwrap())
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// The packed sliding log (one string per budget; a rule whose longest
+    /// window allows at most 2,048) against the memory store, over long
+    /// sequences: logs of hundreds of entries, stale entries dropped in
+    /// batches, hints that go stale as entries leave the windows, a clock
+    /// that steps back, costly requests, and the budget's rule switching
+    /// between three window sets (another number of windows, other
+    /// lengths) from one request to the next; entries land on window
+    /// edges.
+    #[test]
+    fn packed_logs_decide_as_the_memory_store(
+        rules in proptest::collection::vec(log_windows(), 3),
+        start_offset in 0u64..10_000_000,
+        steps in proptest::collection::vec(log_step(), 1..400),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let redis = RedisStore::builder()
+                .url(&shared().standalone)
+                .prefix(unique_prefix())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap();
+            let memory = MemoryStore::new();
+            let rules: Vec<Arc<[Window]>> = rules.into_iter().map(Into::into).collect();
+            let mut now = 1_767_225_600_000_000u64 + start_offset;
+            for (i, step) in steps.iter().enumerate() {
+                now = now.saturating_add_signed(step.gap_us);
+                let mut check = Check::new(format!("r0:user{}", step.user), rules[step.rule].clone())
+                    .with_cost(step.cost)
+                    .at(Timestamp::from_micros(now));
+                check.algorithm = Algorithm::SlidingLog;
+                let expected = memory.check(check.clone()).await.unwrap();
+                let actual = redis.check(check).await.unwrap();
+                prop_assert_eq!(&actual, &expected, "step {} of {:?}, rules {:?}", i, steps, rules);
+            }
+            Ok(())
+        })?;
+    }
+}
+
+/// A long packed log checked right on its entries' edges: the window's
+/// start is found far before the entries read with the trailer, and an
+/// entry exactly one window old is out of it, on both stores.
+#[tokio::test]
+async fn long_packed_logs_agree_on_window_edges() {
+    let redis = RedisStore::builder()
+        .url(&shared().standalone)
+        .prefix(unique_prefix())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let memory = MemoryStore::new();
+    let windows: Arc<[Window]> = [
+        Window::new(Duration::from_secs(1), 400).unwrap(),
+        Window::new(Duration::from_secs(10), 400).unwrap(),
+    ]
+    .into();
+    let start = 1_767_225_600_000_000u64;
+    let mut instants: Vec<u64> = (0..200).map(|i| start + i * 1_000).collect();
+    // Exactly a second after an entry, in order: the 1 s window's edge
+    // sits on an entry, reached from just before it or (when several
+    // entries left at once) from further back.
+    for k in [0u64, 40, 41, 60, 75, 100, 150, 151, 190] {
+        let edge = start + k * 1_000 + 1_000_000;
+        if k % 5 == 0 {
+            instants.push(edge);
+        } else {
+            instants.extend([edge - 1, edge, edge + 1]);
+        }
+    }
+    for (i, now) in instants.into_iter().enumerate() {
+        let mut check = Check::new("r0:edge", windows.clone()).at(Timestamp::from_micros(now));
+        check.algorithm = Algorithm::SlidingLog;
+        let expected = memory.check(check.clone()).await.unwrap();
+        let actual = redis.check(check).await.unwrap();
+        assert_eq!(actual, expected, "check {i} at {now}");
+    }
+}

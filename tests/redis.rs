@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use support::redis_server::{cli, shared, unique_prefix, RedisServer};
+use support::redis_server::{cli, log_entries, shared, unique_prefix, RedisServer};
 use support::App;
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{Algorithm, FailMode, Rule, Rules};
@@ -173,14 +173,15 @@ async fn denied_requests_write_nothing_in_redis() {
         );
     }
     let keys = keys(port, &prefix);
-    assert_eq!(keys.len(), 1, "one sorted set per budget: {keys:?}");
+    assert_eq!(keys.len(), 1, "one log per budget: {keys:?}");
     let key = &keys[0];
+    // (A limit of 100 at most: the packed layout, `p`.)
     assert!(
-        key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:l"),
+        key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:p"),
         "{key}"
     );
     // Only the two allowed requests are recorded, in every window.
-    assert_eq!(cli(port, &["zcard", key]), "2");
+    assert_eq!(log_entries(port, key).len(), 2);
     app.advance_ms(1500);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     for _ in 0..10 {
@@ -189,7 +190,7 @@ async fn denied_requests_write_nothing_in_redis() {
             StatusCode::TOO_MANY_REQUESTS
         );
     }
-    assert_eq!(cli(port, &["zcard", key]), "3");
+    assert_eq!(log_entries(port, key).len(), 3);
 }
 
 #[tokio::test]
@@ -214,8 +215,10 @@ async fn every_key_has_a_ttl() {
     assert_eq!(keys.len(), 40);
     for key in keys {
         let ttl: i64 = cli(port, &["pttl", &key]).parse().unwrap();
-        // Alive until the newest entry leaves the longest window.
-        assert!(ttl > 0 && ttl <= 60_001, "{key}: pttl {ttl}");
+        // Alive until the newest entry leaves the longest window, and a
+        // quarter of that window more at most (a packed log's TTL is set
+        // ahead, so most writes keep it).
+        assert!(ttl > 0 && ttl <= 60_000 + 15_000 + 1, "{key}: pttl {ttl}");
     }
 }
 
@@ -288,8 +291,7 @@ async fn scores_come_from_the_server_clock() {
     let mut parts = time.lines();
     let secs: i64 = parts.next().unwrap().parse().unwrap();
     let key = &keys(port, &prefix)[0];
-    let first = cli(port, &["zrange", key, "0", "0"]);
-    let first: i64 = first.parse().unwrap();
+    let first = log_entries(port, key)[0];
     assert!(
         (secs * 1_000_000 - first).abs() < 5_000_000,
         "score {first} vs server time {secs}"
@@ -636,4 +638,54 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
     assert_eq!(app.get("/a/five", "u").await.status, StatusCode::OK);
     assert!(zadds() - before <= 2, "{} ZADDs", zadds() - before);
     assert_eq!(server.cli(&["zcard", keys.trim()]), "10006");
+}
+
+/// A sliding log on the straight-line shape is one packed string: its
+/// entries that left the window leave the string in batches (it stays
+/// within its limit plus one batch), most writes go in place over its
+/// trailer (`SETRANGE`, the TTL kept), and a check reads a few dozen
+/// bytes (`GETRANGE`), never the whole log.
+#[tokio::test]
+async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(50)), store);
+    let mut allowed = 0;
+    // 100 requests a second for 6 s: half of them allowed.
+    for _ in 0..600 {
+        if app.get("/a", "u").await.status == StatusCode::OK {
+            allowed += 1;
+        }
+        app.advance_ms(10);
+    }
+    assert_eq!(allowed, 300);
+    let key = server.cli(&["--scan", "--pattern", "*:u}:p"]);
+    let key = key.trim();
+    let calls = |command: &str| -> u64 {
+        server
+            .cli(&["info", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("zadd") + calls("get"), 0, "a sorted set, or a whole read");
+    let (set, setrange) = (calls("set"), calls("setrange"));
+    assert!(
+        set * 4 < setrange,
+        "{set} SETs, {setrange} SETRANGEs for {allowed} allowed requests"
+    );
+    assert_eq!(server.cli(&["type", key]), "string");
+    assert_eq!(server.log_entries(key).len(), 50);
+    // The live 50, at most as many dropped ones or 64 (then they go), the
+    // trailer (3 numbers per window, and 5).
+    let bytes: usize = server.cli(&["strlen", key]).parse().unwrap();
+    assert!(bytes <= 8 * (50 + 64 + 8), "{bytes} bytes");
+    let ttl: i64 = server.cli(&["pttl", key]).parse().unwrap();
+    assert!(ttl > 0, "pttl {ttl}");
 }

@@ -153,6 +153,12 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
     }
+
+    /// [`log_entries`] on this server.
+    #[allow(dead_code)]
+    pub fn log_entries(&self, key: &str) -> Vec<i64> {
+        log_entries(self.port, key)
+    }
 }
 
 pub fn cli(port: u16, args: &[&str]) -> String {
@@ -162,6 +168,34 @@ pub fn cli(port: u16, args: &[&str]) -> String {
         .output()
         .expect("redis-cli");
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// The entries of a sliding log's key, oldest first, whichever layout it
+/// has: a sorted set (`...:l`) or the packed string (`...:p`: entries,
+/// then a trailer of little-endian 64-bit integers: size, newest, the
+/// hints' clock, the TTL's end, (length, first index, first entry) per
+/// window, and the number of windows). A packed log starts at its longest
+/// window's first index: entries before it were dropped (they leave the
+/// string in batches).
+#[allow(dead_code)]
+pub fn log_entries(port: u16, key: &str) -> Vec<i64> {
+    const READ: &str = "local t = redis.call('TYPE', KEYS[1]).ok \
+        if t == 'zset' then return redis.call('ZRANGE', KEYS[1], 0, -1) end \
+        if t ~= 'string' then return {} end \
+        local v = redis.call('GET', KEYS[1]) \
+        local n = struct.unpack('<i8', v, #v - 7) \
+        local size = struct.unpack('<i8', v, #v - 8 * (3 * n + 5) + 1) \
+        local start = struct.unpack('<i8', v, #v - 23) \
+        local out = {} \
+        for i = start, size do \
+          out[#out + 1] = string.format('%d', struct.unpack('<i8', v, 8 * i - 7)) \
+        end \
+        return out";
+    let out = cli(port, &["eval", READ, "1", key]);
+    out.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.trim().parse().unwrap_or_else(|_| panic!("{key}: {out}")))
+        .collect()
 }
 
 impl Drop for RedisServer {
