@@ -4,23 +4,20 @@
 //!
 //! ```sh
 //! cargo run --example lua -- token-bucket 3     # 3 windows, no route-wide windows, no block time
-//! cargo run --example lua -- sliding-log 3 --packed   # the same, longest limit <= 2048
+//! cargo run --example lua -- sliding-log 3      # the same (its log packed in one string)
 //! cargo run --example lua -- fixed-window 2 --general # any shape
 //! ```
 //!
 //! Checks with 1 to 5 windows, no route-wide windows and no block time run
-//! a straight-line script made for their algorithm and window count (for
-//! a sliding log whose longest window allows at most
-//! `PACKED_LOG_MAX` = 2048 requests, the packed one); every other check
-//! runs its algorithm's general script.
+//! a straight-line script made for their algorithm and window count; every
+//! other check runs its algorithm's general script.
 
-use tower_ratelimit::store::redis::{general_lua, packed_log_lua, straight_lua};
+use tower_ratelimit::store::redis::{general_lua, straight_lua};
 use tower_ratelimit::Algorithm;
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let general = args.iter().any(|a| a == "--general");
-    let packed = args.iter().any(|a| a == "--packed");
     let mut words = args.iter().filter(|a| !a.starts_with("--"));
     let algorithm = match words.next().map(String::as_str) {
         Some("sliding-log") => Algorithm::SlidingLog,
@@ -29,7 +26,7 @@ fn main() -> std::process::ExitCode {
         Some("token-bucket") => Algorithm::TokenBucket,
         _ => {
             eprintln!(
-                "usage: lua <sliding-log|sliding-window|fixed-window|token-bucket> [windows] [--general | --packed]"
+                "usage: lua <sliding-log|sliding-window|fixed-window|token-bucket> [windows] [--general]"
             );
             return std::process::ExitCode::FAILURE;
         }
@@ -44,8 +41,6 @@ fn main() -> std::process::ExitCode {
     };
     let straight = if general {
         None
-    } else if packed && algorithm == Algorithm::SlidingLog {
-        packed_log_lua(windows)
     } else {
         straight_lua(algorithm, windows)
     };

@@ -1,5 +1,5 @@
 
--- Sliding log (sliding_log.lua, straight_sliding_log.lua): records `more`
+-- Sliding log (sliding_log.lua): records `more`
 -- requests' worth of entries in the set `key` at the first free
 -- microseconds at or after `t` (members that exist are skipped with NX),
 -- up to 512 per ZADD, and returns the microsecond after the last one

@@ -127,14 +127,18 @@ fn log_step() -> impl Strategy<Value = LogStep> {
         1 => -5_000i64..0,
         1 => -1_500_000i64..0,
     ];
-    (0u8..2, gap, prop_oneof![4 => Just(1u32), 1 => 2u32..=20], 0usize..3).prop_map(
-        |(user, gap_us, cost, rule)| LogStep {
+    (
+        0u8..2,
+        gap,
+        prop_oneof![4 => Just(1u32), 1 => 2u32..=20],
+        0usize..3,
+    )
+        .prop_map(|(user, gap_us, cost, rule)| LogStep {
             user,
             gap_us,
             cost,
             rule,
-        },
-    )
+        })
 }
 
 /// 1 to 5 windows from 100 ms to 30 s, limits up to 400: the

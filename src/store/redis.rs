@@ -130,29 +130,13 @@ pub fn general_lua(algorithm: Algorithm) -> &'static str {
 /// The most windows a straight-line script is made for.
 const STRAIGHT_MAX_WINDOWS: usize = 5;
 
-/// The straight-line sliding-log template: `scripts/straight_prelude.lua`,
-/// `scripts/sliding_log_add.lua` and `scripts/straight_sliding_log.lua`
+/// The straight-line sliding-log template: `scripts/straight_prelude.lua`
+/// and `scripts/straight_packed_log.lua`, whose log is one packed string
 /// (see [`straight_lua`]).
 const STRAIGHT_SLIDING_LOG: &str = concat!(
     include_str!("../../scripts/straight_prelude.lua"),
-    include_str!("../../scripts/sliding_log_add.lua"),
-    include_str!("../../scripts/straight_sliding_log.lua")
-);
-/// The packed sliding-log template: `scripts/straight_prelude.lua` and
-/// `scripts/straight_packed_log.lua` (see [`packed_log_lua`]).
-const STRAIGHT_PACKED_LOG: &str = concat!(
-    include_str!("../../scripts/straight_prelude.lua"),
     include_str!("../../scripts/straight_packed_log.lua")
 );
-
-/// The largest limit of a sliding log's longest window for which the Redis
-/// store keeps the log packed in one string (8 bytes per request, read
-/// with one `GET` and written with one `SET`: about 0.6x the Redis CPU of
-/// a sorted set per check) rather than in a sorted set. A log never holds
-/// more entries than that limit, and copying it is what grows with it.
-/// Checks with route-wide windows or a block time always use sorted sets.
-pub const PACKED_LOG_MAX: u32 = 2048;
-
 /// The straight-line sliding-window template (with
 /// `scripts/straight_counter_state.lua`).
 const STRAIGHT_SLIDING_WINDOW: &str = concat!(
@@ -199,7 +183,7 @@ const STRAIGHT_REMAP: &str = include_str!("../../scripts/straight_remap.lua");
 pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
     // (A counter algorithm's state: `width` numbers per window.)
     let (template, width) = match algorithm {
-        Algorithm::SlidingLog => (STRAIGHT_SLIDING_LOG, 0),
+        Algorithm::SlidingLog => return packed_log_lua(windows),
         Algorithm::SlidingWindow => (STRAIGHT_SLIDING_WINDOW, 4),
         Algorithm::FixedWindow => (STRAIGHT_FIXED_WINDOW, 3),
         Algorithm::TokenBucket => (STRAIGHT_TOKEN_BUCKET, 2),
@@ -219,33 +203,22 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
     ))
 }
 
-/// The packed sliding-log script the store runs for a check of `windows`
-/// user windows (1 to 5) with no route-wide windows, no block time and a
-/// longest window that allows at most [`PACKED_LOG_MAX`] requests: the same
-/// decisions as [`straight_lua`]'s sliding log, with the log in one string.
-///
-/// ```
-/// use tower_ratelimit::store::redis::packed_log_lua;
-///
-/// let script = packed_log_lua(3).expect("made for 3 windows");
-/// assert!(script.contains("d3, n3"));
-/// assert!(packed_log_lua(6).is_none());
-/// ```
-pub fn packed_log_lua(windows: usize) -> Option<String> {
-    (1..=STRAIGHT_MAX_WINDOWS)
-        .contains(&windows)
-        .then(|| super::template::expand(STRAIGHT_PACKED_LOG, windows, &[]))
-}
-
-/// Whether a check keeps its sliding log packed in one string (see
-/// [`PACKED_LOG_MAX`]).
-fn packed(check: &Check) -> bool {
-    check.algorithm == Algorithm::SlidingLog
-        && straight(check)
-        && check
-            .windows
-            .last()
-            .is_some_and(|w| w.limit() <= PACKED_LOG_MAX)
+/// The straight-line sliding log: its log packed in one string with a
+/// trailer that has room for [`STRAIGHT_MAX_WINDOWS`] windows whatever the
+/// rule's count, so a change of rule never changes the trailer's length
+/// (the slots of the windows a rule does not have are zeros).
+fn packed_log_lua(windows: usize) -> Option<String> {
+    let pad = STRAIGHT_MAX_WINDOWS
+        .checked_sub(windows)
+        .filter(|_| windows > 0)?;
+    Some(super::template::expand(
+        STRAIGHT_SLIDING_LOG,
+        windows,
+        &[
+            ("PAD", "i8i8i8".repeat(pad)),
+            ("ZEROS", ", 0, 0, 0".repeat(pad)),
+        ],
+    ))
 }
 
 /// Whether a check runs a straight-line script: 1 to
@@ -262,7 +235,6 @@ fn straight(check: &Check) -> bool {
 struct Scripts {
     general: [Script; 4],
     straight: [[Script; STRAIGHT_MAX_WINDOWS]; 4],
-    packed: [Script; STRAIGHT_MAX_WINDOWS],
 }
 
 /// The algorithms, in the order [`Scripts`] keeps their scripts.
@@ -283,9 +255,6 @@ impl Scripts {
         Self {
             general: ALGORITHMS.map(|algorithm| Script::new(general_lua(algorithm))),
             straight: ALGORITHMS.map(straight),
-            packed: std::array::from_fn(|i| {
-                Script::new(&packed_log_lua(i + 1).unwrap_or_default())
-            }),
         }
     }
 
@@ -298,14 +267,8 @@ impl Scripts {
             Algorithm::FixedWindow => 2,
             Algorithm::TokenBucket => 3,
         };
-        let at = check.windows.len().wrapping_sub(1);
-        if packed(check) {
-            if let Some(script) = self.packed.get(at) {
-                return script;
-            }
-        }
         if straight(check) {
-            if let Some(script) = self.straight[i].get(at) {
+            if let Some(script) = self.straight[i].get(check.windows.len().wrapping_sub(1)) {
                 return script;
             }
         }
@@ -315,8 +278,7 @@ impl Scripts {
     /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
     /// them by SHA.
     async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
-        let all = self.general.iter().chain(self.straight.iter().flatten());
-        for script in all.chain(self.packed.iter()) {
+        for script in self.general.iter().chain(self.straight.iter().flatten()) {
             script.prepare_invoke().load_async(conn).await?;
         }
         Ok(())
@@ -335,7 +297,7 @@ enum KeyKind {
 /// layouts) never share state.
 fn suffix(check: &Check) -> &'static str {
     match check.algorithm {
-        Algorithm::SlidingLog if packed(check) => "p",
+        Algorithm::SlidingLog if straight(check) => "p",
         Algorithm::SlidingLog => "l",
         Algorithm::SlidingWindow => "sw",
         Algorithm::FixedWindow => "fw",

@@ -172,20 +172,19 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 
 /// The entries of a sliding log's key, oldest first, whichever layout it
 /// has: a sorted set (`...:l`) or the packed string (`...:p`: entries,
-/// then a trailer of little-endian 64-bit integers: size, newest, the
-/// hints' clock, the TTL's end, (length, first index, first entry) per
-/// window, and the number of windows). A packed log starts at its longest
-/// window's first index: entries before it were dropped (they leave the
-/// string in batches).
+/// then a trailer of 21 little-endian 64-bit integers: size, newest, the
+/// hints' clock, the TTL's end, where the log starts, the number of
+/// windows, then (length, first index, first entry) per window, for up to
+/// 5). Entries before the start were dropped (they leave the string in
+/// batches).
 #[allow(dead_code)]
 pub fn log_entries(port: u16, key: &str) -> Vec<i64> {
     const READ: &str = "local t = redis.call('TYPE', KEYS[1]).ok \
         if t == 'zset' then return redis.call('ZRANGE', KEYS[1], 0, -1) end \
         if t ~= 'string' then return {} end \
         local v = redis.call('GET', KEYS[1]) \
-        local n = struct.unpack('<i8', v, #v - 7) \
-        local size = struct.unpack('<i8', v, #v - 8 * (3 * n + 5) + 1) \
-        local start = struct.unpack('<i8', v, #v - 23) \
+        local size = struct.unpack('<i8', v, #v - 167) \
+        local start = struct.unpack('<i8', v, #v - 135) \
         local out = {} \
         for i = start, size do \
           out[#out + 1] = string.format('%d', struct.unpack('<i8', v, 8 * i - 7)) \
