@@ -29,7 +29,7 @@
 -- Otherwise each window's start is searched for from `start` (a 16-entry
 -- read, then a binary search): no path reads the whole log, and only the
 -- batched drop copies it (once per as many checks as it holds).
-local unpack8, fmt = struct.unpack, string.format
+local unpack8 = struct.unpack
 -- (The trailer and the 32 entries before it.)
 local tail = redis.call('GETRANGE', key, '-424', '-1')
 local size, newest, at, expires, start, count = 0, 0, 0, 0, 1, 0
@@ -51,8 +51,7 @@ local existed = #tail > 0
 -- need as arguments: a closure costs Redis per variable it captures.)
 local function entry(i, base, tail, key)
   if i > base then return (struct.unpack('<i8', tail, 8 * (i - base) - 7)) end
-  local from = string.format('%d', 8 * i - 8)
-  return (struct.unpack('<i8', redis.call('GETRANGE', key, from, string.format('%d', 8 * i - 1))))
+  return (struct.unpack('<i8', redis.call('GETRANGE', key, 8 * i - 8, 8 * i - 1)))
 end
 
 -- The first index from `from` whose entry is after `bound`, and that
@@ -62,8 +61,7 @@ local function seek(from, bound, size, newest, base, tail, key)
   if newest <= bound or from > size then return size + 1, nil end
   if from <= base then
     local last = math.min(from + 15, base)
-    local chunk = redis.call('GETRANGE', key, string.format('%d', 8 * from - 8),
-      string.format('%d', 8 * last - 1))
+    local chunk = redis.call('GETRANGE', key, 8 * from - 8, 8 * last - 1)
     for j = from, last do
       local e = struct.unpack('<i8', chunk, 8 * (j - from) + 1)
       if e > bound then return j, e end
@@ -122,17 +120,16 @@ end
 -- The TTL ends when the newest entry `last` leaves the longest window
 -- (length d). It is set later than that (by a quarter of that window, at
 -- least a second, at most a minute), so most writes keep the TTL set
--- before: ttl() gives the PX to set (nil: none) and when it ends, on the
--- scripts' clock. (With an injected clock, `expires` is on that clock,
--- and the TTL's pad covers real time running ahead of it, as for every
--- script.)
-local function ttl(last, d, now, expires, pad)
-  if expires >= last + d then return nil, expires end
+-- before (while `expires` is at least last + d): ttl() gives the PX to set
+-- and when it ends, on the scripts' clock. (With an injected clock,
+-- `expires` is on that clock, and the TTL's pad covers real time running
+-- ahead of it, as for every script.)
+local function ttl(last, d, now, pad)
   local slack = (d - d % 4) / 4
   if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
   local ms = last + d + slack - now - 1
   ms = (ms - ms % 1000) / 1000 + 1
-  return string.format('%d', ms + pad), now + ms * 1000
+  return ms + pad, now + ms * 1000
 end
 
 -- `list` packed.
@@ -161,36 +158,36 @@ if allowed == 1 then
     -- Time moved past the newest entry (the usual case): the request's
     -- entries are now and the microseconds after it (or after the newest),
     -- appended.
-    local added
-    if cost == 1 then
-      added = struct.pack('<i8', from)
-    else
-      local list = { }
-      for i = 1, cost do list[i] = from + i - 1 end
-      added = packed(list)
-    end
 --$each
     if c@ == 0 then o@ = from end
 --$end
     newest = from + cost - 1
-    px, expires = ttl(newest, d$N, now, expires, ttl_pad)
+    if expires < newest + d$N then px, expires = ttl(newest, d$N, now, ttl_pad) end
     local dead = p$N - 1
-    if size == 0 or (dead >= 64 and dead * 2 >= size) then
-      -- A new log, or the batched drop of the entries before `start`: the
-      -- string written whole (the live entries copied once).
-      if not px then px, expires = ttl(newest, d$N, now, 0, ttl_pad) end
-      local live = ''
-      if p$N <= size then
-        live = redis.call('GETRANGE', key, fmt('%d', 8 * dead), fmt('%d', 8 * size - 1))
-      end
-      redis.call('SET', key, live .. added .. struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-        size - dead + cost, newest, now, expires, 1, $N, $each(, ){d@, p@ - dead, o@}$ZEROS), 'PX', px)
-      px = nil
+    if size > 0 and (dead < 64 or dead * 2 < size) and cost == 1 then
+      -- Over the old trailer, the entry and the new trailer in one pack;
+      -- the TTL moves only when it must.
+      redis.call('SETRANGE', key, 8 * size, struct.pack('<i8i8i8i8i8i8i8$each(){i8i8i8}$PAD',
+        from, size + 1, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
     else
-      -- Over the old trailer; the TTL moves only when it must.
-      redis.call('SETRANGE', key, fmt('%d', 8 * size), added ..
-        struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-          size + cost, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
+      local list = { }
+      for i = 1, cost do list[i] = from + i - 1 end
+      local added = packed(list)
+      if size > 0 and (dead < 64 or dead * 2 < size) then
+        redis.call('SETRANGE', key, 8 * size, added ..
+          struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
+            size + cost, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
+      else
+        -- A new log, or the batched drop of the entries before `start`:
+        -- the string written whole (the live entries copied once).
+        if not px then px, expires = ttl(newest, d$N, now, ttl_pad) end
+        local live = ''
+        if p$N <= size then live = redis.call('GETRANGE', key, 8 * dead, 8 * size - 1) end
+        redis.call('SET', key, live .. added .. struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
+          size - dead + cost, newest, now, expires, 1, $N, $each(, ){d@, p@ - dead, o@}$ZEROS),
+          'PX', px)
+        px = nil
+      end
     end
   else
     -- Entries at or after now (a clock that went back, two requests in
@@ -200,7 +197,7 @@ if allowed == 1 then
     -- rewritten from there.
     local list = { }
     if q <= base then
-      local s = redis.call('GETRANGE', key, fmt('%d', 8 * q - 8), fmt('%d', 8 * size - 1))
+      local s = redis.call('GETRANGE', key, 8 * q - 8, 8 * size - 1)
       for i = 1, #s, 8 do list[#list + 1] = unpack8('<i8', s, i) end
     else
       for i = q, size do list[#list + 1] = unpack8('<i8', tail, 8 * (i - base) - 7) end
@@ -218,8 +215,8 @@ if allowed == 1 then
     if p@ == q then o@ = out[1] end
 --$end
     newest = out[#out]
-    px, expires = ttl(newest, d$N, now, expires, ttl_pad)
-    redis.call('SETRANGE', key, fmt('%d', 8 * (q - 1)), packed(out) ..
+    if expires < newest + d$N then px, expires = ttl(newest, d$N, now, ttl_pad) end
+    redis.call('SETRANGE', key, 8 * (q - 1), packed(out) ..
       struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
         size + cost, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
   end
@@ -230,7 +227,7 @@ if allowed == 1 then
 elseif existed and ($each( or ){p@ ~= h@}) then
   -- Denied after entries left a window: where the log starts and the new
   -- hints, over the old trailer.
-  redis.call('SETRANGE', key, fmt('%d', 8 * size),
+  redis.call('SETRANGE', key, 8 * size,
     struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
       size, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@ or 0}$ZEROS))
 end
