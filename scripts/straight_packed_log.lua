@@ -39,19 +39,21 @@ if #tail >= 168 and #tail % 8 == 0 then
   size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
     unpack8('<i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 167)
   base = size - (#tail - 168) / 8
-  if size < 0 or base < 0 or start < 1 or start > size + 1 then
+  -- (A string shorter than the read holds exactly `size` entries.)
+  if size < 0 or base < 0 or start < 1 or start > size + 1 or (#tail < 424 and base ~= 0) then
     -- Not a log this script wrote: replaced by an empty one.
     size, newest, at, expires, start, count, base = 0, 0, 0, 0, 1, 0, 0
   end
 end
-local existed = #tail > 0
 
 -- The entry at index i: from the tail read (the last entries of the log,
 -- from index base + 1), else one GETRANGE. (The helpers take what they
 -- need as arguments: a closure costs Redis per variable it captures.)
 local function entry(i, base, tail, key)
   if i > base then return (struct.unpack('<i8', tail, 8 * (i - base) - 7)) end
-  return (struct.unpack('<i8', redis.call('GETRANGE', key, 8 * i - 8, 8 * i - 1)))
+  local s = redis.call('GETRANGE', key, 8 * i - 8, 8 * i - 1)
+  if #s < 8 then error('the sliding log at ' .. key .. ' is not one this script wrote') end
+  return (struct.unpack('<i8', s))
 end
 
 -- The first index from `from` whose entry is after `bound`, and that
@@ -62,6 +64,9 @@ local function seek(from, bound, size, newest, base, tail, key)
   if from <= base then
     local last = math.min(from + 15, base)
     local chunk = redis.call('GETRANGE', key, 8 * from - 8, 8 * last - 1)
+    if #chunk < 8 * (last - from + 1) then
+      error('the sliding log at ' .. key .. ' is not one this script wrote')
+    end
     for j = from, last do
       local e = struct.unpack('<i8', chunk, 8 * (j - from) + 1)
       if e > bound then return j, e end
@@ -81,8 +86,11 @@ local function seek(from, bound, size, newest, base, tail, key)
 end
 
 -- Hints for other windows, or from before a clock that went back: every
--- window starts where the log does, and is searched for from there.
-if count ~= $N or now < at or $each( or ){sd@ ~= d@} then
+-- window starts where the log does, and is searched for from there; and
+-- the TTL is set again at the next write (it may run on another clock, or
+-- for a shorter longest window).
+if count ~= $N or now < at or $each( or ){sd@ ~= d@} or $each( or ){h@ < start or h@ > size + 1} then
+  expires = 0
   local first = 0
   if start <= size then first = entry(start, base, tail, key) end
   $each(, ){h@, t@} = $each(, ){start, first}
@@ -129,6 +137,7 @@ local function ttl(last, d, now, pad)
   if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
   local ms = last + d + slack - now - 1
   ms = (ms - ms % 1000) / 1000 + 1
+  if ms < 1 then ms = 1 end
   return ms + pad, now + ms * 1000
 end
 
@@ -142,7 +151,7 @@ local function packed(list)
   return table.concat(parts)
 end
 
-if allowed == 1 then
+if allowed == 1 and cost > 0 then
   local px
   local from, q = now, nil
   if size > 0 and p$N <= size and now <= newest then
@@ -224,9 +233,18 @@ if allowed == 1 then
 --$each
   c@ = c@ + cost
 --$end
-elseif existed and ($each( or ){p@ ~= h@}) then
-  -- Denied after entries left a window: where the log starts and the new
-  -- hints, over the old trailer.
+elseif size > 0 and p$N > size then
+  -- Denied (or allowed at no cost) when every entry left the log: no log.
+  redis.call('DEL', key)
+elseif size > 0 and (expires == 0 or $each( or ){p@ ~= h@}) then
+  -- Denied (or allowed at no cost) after entries left a window: where the
+  -- log starts and the new hints, over the old trailer (and the TTL, set
+  -- again after a change of rule or clock).
+  local px
+  if expires == 0 then
+    px, expires = ttl(newest, d$N, now, ttl_pad)
+    redis.call('PEXPIRE', key, px)
+  end
   redis.call('SETRANGE', key, 8 * size,
     struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
       size, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@ or 0}$ZEROS))

@@ -1,6 +1,6 @@
 //! Property: the memory store and the Redis scripts are the same function.
 //! Random request sequences (random users, gaps from 0 to 2.5 s with many
-//! exact collisions, costs from 1 to 3, 1 to 3 windows, with or without a
+//! exact collisions, costs from 0 to 3, 1 to 3 windows, with or without a
 //! route-wide budget and a block time) go to both, at the
 //! same injected instants, and every decision must be identical: allowed,
 //! retry time, reset time and every window's remaining count, to the
@@ -30,7 +30,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => 0u64..2_000,
         4 => 0u64..2_500_000,
     ];
-    (0u8..3, gap, 1u32..=3).prop_map(|(user, gap_us, cost)| Step { user, gap_us, cost })
+    (0u8..3, gap, 0u32..=3).prop_map(|(user, gap_us, cost)| Step { user, gap_us, cost })
 }
 
 fn windows() -> impl Strategy<Value = Vec<Window>> {
@@ -130,7 +130,7 @@ fn log_step() -> impl Strategy<Value = LogStep> {
     (
         0u8..2,
         gap,
-        prop_oneof![4 => Just(1u32), 1 => 2u32..=20],
+        prop_oneof![8 => Just(1u32), 2 => 2u32..=20, 1 => Just(0u32)],
         0usize..3,
     )
         .prop_map(|(user, gap_us, cost, rule)| LogStep {
@@ -162,7 +162,7 @@ proptest! {
     /// window allows at most 2,048) against the memory store, over long
     /// sequences: logs of hundreds of entries, stale entries dropped in
     /// batches, hints that go stale as entries leave the windows, a clock
-    /// that steps back, costly requests, and the budget's rule switching
+    /// that steps back, costly requests (and free ones), and the budget's rule switching
     /// between three window sets (another number of windows, other
     /// lengths) from one request to the next; entries land on window
     /// edges.

@@ -744,3 +744,89 @@ async fn a_packed_log_appends_after_a_run_of_taken_microseconds() {
     assert!(log.windows(2).all(|w| w[1] == w[0] + 1), "still one run");
     assert_eq!(log[0], start.as_micros() as i64 - 3);
 }
+
+/// A packed log's TTL is set again when the clock it runs on went back (or
+/// its rule changed), even by a denied request: the key outlives its
+/// newest entry on the clock it is checked on, not on the one it was
+/// written on.
+#[tokio::test]
+async fn a_packed_log_keeps_its_entries_after_the_clock_steps_back() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = standalone_at(&prefix).await;
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let key = keys(port, &prefix).remove(0);
+    let pttl = || -> i64 { cli(port, &["pttl", &key]).parse().unwrap() };
+    // (1 s, a second of slack, the injected clock's 10 s pad.)
+    assert!(pttl() <= 12_000, "pttl {}", pttl());
+    let start = tower_ratelimit::clock::Clock::now(&app.clock);
+    app.clock
+        .set(tower_ratelimit::clock::Timestamp::from_micros(
+            start.as_micros() - 20_000_000,
+        ));
+    // The entry is 20 s ahead of this clock: still in the window, and the
+    // key must live until it leaves it, 21 s from now and more.
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("retry-after"), 21);
+    assert!(pttl() > 21_000, "pttl {}", pttl());
+}
+
+/// A value this script did not write under a packed log's key: a short
+/// one is replaced by a fresh log, a long one whose numbers lie is an
+/// error (the layer's fail mode), never a wrong answer or a panic.
+#[tokio::test]
+async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let windows: std::sync::Arc<[tower_ratelimit::Window]> =
+        [tower_ratelimit::Window::new(Duration::from_secs(1), 5).unwrap()].into();
+    let check = || {
+        tower_ratelimit::Check::new("r0:u", windows.clone()).at(
+            tower_ratelimit::clock::Timestamp::from_micros(1_000_000_000),
+        )
+    };
+    let key = store.keys(&check())[0].clone();
+    assert!(key.ends_with(":p"), "{key}");
+    // A trailer claiming 1,000 entries, starting at the 500th, in 168 bytes.
+    let mut lie = Vec::new();
+    for n in [1000i64, 5, 0, 0, 500, 1] {
+        lie.extend_from_slice(&n.to_le_bytes());
+    }
+    lie.resize(168, 0);
+    let set = |value: &[u8]| {
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .query::<()>(&mut conn)
+            .unwrap();
+    };
+    set(&lie);
+    let decision = tower_ratelimit::Store::check(&store, check())
+        .await
+        .unwrap();
+    assert!(decision.allowed());
+    assert_eq!(decision.windows()[0].remaining, 4);
+    assert_eq!(server.log_entries(&key), [1_000_000_000]);
+    // The same lie after 800 bytes of something else.
+    let mut long = vec![7u8; 800];
+    long.extend_from_slice(&lie);
+    set(&long);
+    let error = tower_ratelimit::Store::check(&store, check())
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("not one this script wrote"),
+        "{error}"
+    );
+}

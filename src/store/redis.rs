@@ -81,8 +81,9 @@
 //! leave the string in one copy once they are as many as the live ones
 //! (about 1 ms of Redis time per 100,000 live entries, once per as many
 //! checks). A rule that changes between the two sliding-log layouts (a
-//! block time or route-wide windows added or removed) starts its budgets
-//! afresh. Every key's TTL ends when its newest entry leaves the longest
+//! block time or route-wide windows added or removed, or more than 5
+//! windows) starts its budgets afresh, and a change back finds them as
+//! they were left, if their TTL has not ended. Every key's TTL ends when its newest entry leaves the longest
 //! window (a packed log's up to a quarter of that window later, at most a
 //! minute, so most writes keep it), so no key outlives its usefulness.
 
