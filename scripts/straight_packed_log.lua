@@ -39,9 +39,14 @@ if #tail >= 168 and #tail % 8 == 0 then
   size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
     unpack8('<i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 167)
   base = size - (#tail - 168) / 8
-  -- (A string shorter than the read holds exactly `size` entries.)
-  if size < 0 or base < 0 or start < 1 or start > size + 1 or (#tail < 424 and base ~= 0) then
-    -- Not a log this script wrote: replaced by an empty one.
+  -- (A string shorter than the read holds exactly `size` entries, and
+  -- the entry before the trailer is the newest.)
+  if size < 0 or base < 0 or start < 1 or start > size + 1 or count < 0 or count > 5
+      or (#tail < 424 and base ~= 0)
+      or (size > base and unpack8('<i8', tail, #tail - 175) ~= newest) then
+    -- Not a log this script wrote: replaced by an empty one. (A value
+    -- forged to look like one is trusted: whoever can write the store's
+    -- keys can reset every budget anyway.)
     size, newest, at, expires, start, count, base = 0, 0, 0, 0, 1, 0, 0
   end
 end
@@ -90,7 +95,7 @@ end
 -- the TTL is set again at the next write (it may run on another clock, or
 -- for a shorter longest window).
 if count ~= $N or now < at or $each( or ){sd@ ~= d@} or $each( or ){h@ < start or h@ > size + 1} then
-  expires = 0
+  if now < at then expires = 0 end
   local first = 0
   if start <= size then first = entry(start, base, tail, key) end
   $each(, ){h@, t@} = $each(, ){start, first}
@@ -207,6 +212,9 @@ if allowed == 1 and cost > 0 then
     local list = { }
     if q <= base then
       local s = redis.call('GETRANGE', key, 8 * q - 8, 8 * size - 1)
+      if #s ~= 8 * (size - q + 1) then
+        error('the sliding log at ' .. key .. ' is not one this script wrote')
+      end
       for i = 1, #s, 8 do list[#list + 1] = unpack8('<i8', s, i) end
     else
       for i = q, size do list[#list + 1] = unpack8('<i8', tail, 8 * (i - base) - 7) end
@@ -236,18 +244,24 @@ if allowed == 1 and cost > 0 then
 elseif size > 0 and p$N > size then
   -- Denied (or allowed at no cost) when every entry left the log: no log.
   redis.call('DEL', key)
-elseif size > 0 and (expires == 0 or $each( or ){p@ ~= h@}) then
+elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
   -- Denied (or allowed at no cost) after entries left a window: where the
-  -- log starts and the new hints, over the old trailer (and the TTL, set
-  -- again after a change of rule or clock).
+  -- log starts and the new hints, over the old trailer; and a longer TTL
+  -- when the rule's longest window grew or the clock went back (never a
+  -- shorter one: entries of a longer window may count again).
   local px
-  if expires == 0 then
+  if expires < newest + d$N then
     px, expires = ttl(newest, d$N, now, ttl_pad)
     redis.call('PEXPIRE', key, px)
   end
   redis.call('SETRANGE', key, 8 * size,
     struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
       size, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@ or 0}$ZEROS))
+elseif size > 0 and ttl_pad > 0 and now > at then
+  -- (An injected clock only: the clock this check read, so that a later
+  -- one below it is seen as a clock that went back and sets the TTL again;
+  -- Redis's own expiry runs on the server's clock.)
+  redis.call('SETRANGE', key, 8 * size + 16, struct.pack('<i8', now))
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the

@@ -773,9 +773,10 @@ async fn a_packed_log_keeps_its_entries_after_the_clock_steps_back() {
     assert!(pttl() > 21_000, "pttl {}", pttl());
 }
 
-/// A value this script did not write under a packed log's key: a short
-/// one is replaced by a fresh log, a long one whose numbers lie is an
-/// error (the layer's fail mode), never a wrong answer or a panic.
+/// A value this script did not write under a packed log's key is
+/// replaced by a fresh log when its numbers do not fit it, and refused
+/// (an error naming the key: the layer's fail mode) when they fit until a
+/// read falls past its end; never a wrong answer or a panic.
 #[tokio::test]
 async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     let server = RedisServer::start();
@@ -818,9 +819,19 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     assert!(decision.allowed());
     assert_eq!(decision.windows()[0].remaining, 4);
     assert_eq!(server.log_entries(&key), [1_000_000_000]);
-    // The same lie after 800 bytes of something else.
+    // The same lie after 800 bytes of something else: its newest is not
+    // the entry before it.
     let mut long = vec![7u8; 800];
     long.extend_from_slice(&lie);
+    set(&long);
+    let decision = tower_ratelimit::Store::check(&store, check())
+        .await
+        .unwrap();
+    assert_eq!(decision.windows()[0].remaining, 4);
+    assert_eq!(server.log_entries(&key), [1_000_000_000]);
+    // And after 800 bytes that end with its newest (5): the first read
+    // past the string's end is refused.
+    long[792..800].copy_from_slice(&5i64.to_le_bytes());
     set(&long);
     let error = tower_ratelimit::Store::check(&store, check())
         .await
@@ -829,4 +840,39 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
         error.to_string().contains("not one this script wrote"),
         "{error}"
     );
+}
+
+/// On an injected clock, a check that changes nothing in a packed log
+/// still records the clock it read (the trailer's `at`), so that a later
+/// check on a clock below it is seen as a clock that went back, and sets
+/// the TTL again: the clock can run on, step back a little and run on
+/// without the key expiring under an entry still in its window.
+#[tokio::test]
+async fn a_packed_log_remembers_the_latest_clock_it_was_checked_on() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = standalone_at(&prefix).await;
+    let app = App::new(
+        one_route(Rule::new().per(Duration::from_secs(20), 1)),
+        store,
+    );
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let key = keys(port, &prefix).remove(0);
+    let at = || -> i64 {
+        let mut conn = redis::Client::open(shared().standalone.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+        let field = &value[value.len() - 168 + 16..value.len() - 168 + 24];
+        i64::from_le_bytes(field.try_into().unwrap())
+    };
+    let start = tower_ratelimit::clock::Clock::now(&app.clock).as_micros() as i64;
+    assert_eq!(at(), start);
+    app.advance_ms(19_000);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(at(), start + 19_000_000);
 }
