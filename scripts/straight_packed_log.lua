@@ -36,14 +36,22 @@ local size, newest, at, expires, start, count = 0, 0, 0, 0, 1, 0
 local $each(, ){sd@, h@, t@} = $each(, ){0, 1, 0}
 local base = 0
 if #tail >= 168 and #tail % 8 == 0 then
-  size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
-    unpack8('<i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 167)
+  -- (With the entry before the trailer, in the same unpack, when there is
+  -- one.)
+  local last = 0
+  if #tail > 168 then
+    last, size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
+      unpack8('<i8i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 175)
+  else
+    size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
+      unpack8('<i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 167)
+  end
   base = size - (#tail - 168) / 8
   -- (A string shorter than the read holds exactly `size` entries, and
   -- the entry before the trailer is the newest.)
   if size < 0 or base < 0 or start < 1 or start > size + 1 or count < 0 or count > 5
       or (#tail < 424 and base ~= 0)
-      or (size > base and unpack8('<i8', tail, #tail - 175) ~= newest) then
+      or (size > base and last ~= newest) then
     -- Not a log this script wrote: replaced by an empty one. (A value
     -- forged to look like one is trusted: whoever can write the store's
     -- keys can reset every budget anyway.)
