@@ -11,7 +11,8 @@
 -- 64-bit integers:
 --   size     the number of entries in the string;
 --   newest   the last one;
---   at       the clock reading the window hints below were worked out at;
+--   at       the clock reading the window hints below were worked out at
+--            (on an injected clock, the latest they were checked on);
 --   expires  when the key's TTL ends, on the scripts' clock;
 --   start    the index (from 1) where the log starts: the entries before
 --            it left the longest window and were dropped (as the memory
