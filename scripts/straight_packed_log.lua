@@ -31,6 +31,15 @@
 -- read, then a binary search): no path reads the whole log, and only the
 -- batched drop copies it (once per as many checks as it holds).
 local unpack8 = struct.unpack
+-- A user blocked (a rule with a block time, KEYS[2] its marker) is denied
+-- until the block ends, and the log is not read.
+if block > 0 then
+  local blocked_until = tonumber(redis.call('GET', KEYS[2]))
+  if blocked_until and blocked_until > now then
+    local wait = blocked_until - now
+    return struct.pack('<i8i8i8i8$each(){i8}', 0, wait, wait, 1, $each(, ){0})
+  end
+end
 -- (The trailer and the 32 entries before it.)
 local tail = redis.call('GETRANGE', key, '-424', '-1')
 local size, newest, at, expires, start, count = 0, 0, 0, 0, 1, 0
@@ -271,6 +280,14 @@ elseif size > 0 and ttl_pad > 0 and now > at then
   -- one below it is seen as a clock that went back and sets the TTL again;
   -- Redis's own expiry runs on the server's clock.)
   redis.call('SETRANGE', key, 8 * size + 16, struct.pack('<i8', now))
+end
+
+-- A denial blocks the user for the block time (or the wait, if longer).
+if allowed == 0 and block > 0 then
+  redis.call('SET', KEYS[2], string.format('%d', now + block), 'PX',
+    string.format('%d', math.max(math.ceil(block / 1000), 1) + ttl_pad))
+  local wait = math.max(block, retry)
+  return struct.pack('<i8i8i8i8$each(){i8}', 0, wait, wait, 1, $each(, ){0})
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the

@@ -1,5 +1,7 @@
 -- The straight-line scripts: one per algorithm and number of user windows
--- (1 to 5), for the common shape (no route-wide windows, no block time).
+-- (1 to 5), for the common shape (no route-wide windows, no block time;
+-- the sliding log's may have a block time, read from the third number and
+-- kept under KEYS[2], as prelude.lua does).
 -- They decide exactly as prelude.lua + the algorithm's script (and
 -- counter_state.lua), on the same arguments, keys and stored state, but
 -- with every number in a local and no loop, table or function on the usual
@@ -7,7 +9,7 @@
 -- expands them from templates, scripts/straight_*.lua, once per window
 -- count (src/store/template.rs says how).
 
-local now, cost, _, _, _, $each(, ){d@, n@} =
+local now, cost, block, _, _, $each(, ){d@, n@} =
   struct.unpack('<i8i8i8i8i8$each(){i8i8}', ARGV[1])
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then

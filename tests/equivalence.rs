@@ -165,12 +165,13 @@ proptest! {
     /// that steps back, costly requests (and free ones), and the budget's rule switching
     /// between three window sets (another number of windows, other
     /// lengths) from one request to the next; entries land on window
-    /// edges.
+    /// edges; with or without a block time.
     #[test]
     fn packed_logs_decide_as_the_memory_store(
         rules in proptest::collection::vec(log_windows(), 3),
         start_offset in 0u64..10_000_000,
         steps in proptest::collection::vec(log_step(), 1..400),
+        block_ms in proptest::option::of(1u64..3_000),
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
@@ -190,6 +191,9 @@ proptest! {
                     .with_cost(step.cost)
                     .at(Timestamp::from_micros(now));
                 check.algorithm = Algorithm::SlidingLog;
+                if let Some(ms) = block_ms {
+                    check = check.with_block(Duration::from_millis(ms));
+                }
                 let expected = memory.check(check.clone()).await.unwrap();
                 let actual = redis.check(check).await.unwrap();
                 prop_assert_eq!(&actual, &expected, "step {} of {:?}, rules {:?}", i, steps, rules);

@@ -593,7 +593,7 @@ async fn a_check_future_stays_small() {
 /// A request whose microsecond falls inside a run of taken ones (after a
 /// costly request) finds the first free microsecond in one search: a few
 /// commands, not one `ZADD` per taken microsecond inside the script. (The
-/// sorted-set layout: a rule with a block time runs the general script.)
+/// sorted-set layout: a rule of six windows runs the general script.)
 #[tokio::test]
 async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
     let server = RedisServer::start();
@@ -604,8 +604,12 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
         .await
         .unwrap();
     let rule = Rule::new()
+        .second(100_000)
+        .per(Duration::from_secs(10), 100_000)
         .minute(100_000)
-        .block_time(Duration::from_secs(1));
+        .per(Duration::from_secs(600), 100_000)
+        .hour(100_000)
+        .day(100_000);
     let app = App::with(one_route(rule), store, |l| {
         l.cost(|head| match head.uri.path() {
             "/a/big" => 10_000,

@@ -6,7 +6,7 @@
 //! decides on all windows of the rule atomically, on the Redis server's
 //! clock (`TIME`), and records the request in all of them or in none.
 //! Checks with 1 to 5 windows, no route-wide windows and no block time (the
-//! common shape) run a straight-line script made for their algorithm and
+//! common shape; a sliding log's may have a block time) run a straight-line script made for their algorithm and
 //! window count instead ([`straight_lua`]): the same decisions, for 44%
 //! (fixed window) to 47% (sliding window) less of Redis's CPU on the same
 //! state. The straight-line sliding log keeps its log packed in one string
@@ -66,7 +66,7 @@
 //! user's and the route's windows are decided in one script call, at the
 //! price of one hot slot per such route on Cluster.
 //! `<algorithm>` is `p` (sliding log on the common shape, packed), `l`
-//! (sliding log with route-wide windows or a block time: a sorted set
+//! (sliding log with route-wide windows or more than 5: a sorted set
 //! whose members and scores are microsecond timestamps), `sw` (sliding
 //! window), `fw` (fixed window) or `tb` (token bucket). The counter
 //! algorithms keep a budget's counters in one string of little-endian
@@ -80,9 +80,9 @@
 //! appended to with one `SETRANGE`; entries that left the longest window
 //! leave the string in one copy once they are as many as the live ones
 //! (about 1 ms of Redis time per 100,000 live entries, once per as many
-//! checks). A rule that changes between the two sliding-log layouts (a
-//! block time or route-wide windows added or removed, or more than 5
-//! windows) starts its budgets afresh, and a change back finds them as
+//! checks). A rule that changes between the two sliding-log layouts
+//! (route-wide windows added or removed, or more than 5 windows) starts
+//! its budgets afresh, and a change back finds them as
 //! they were left, if their TTL has not ended. Every key's TTL ends when its newest entry leaves the longest
 //! window (a packed log's up to a quarter of that window later, at most a
 //! minute, so most writes keep it), so no key outlives its usefulness.
@@ -241,10 +241,10 @@ fn packed_log_lua(windows: usize) -> Option<String> {
 
 /// Whether a check runs a straight-line script: 1 to
 /// [`STRAIGHT_MAX_WINDOWS`] user windows, no route-wide windows and no
-/// block time.
+/// block time (a sliding log's may have one).
 fn straight(check: &Check) -> bool {
     check.global.is_none()
-        && check.block.is_none()
+        && (check.block.is_none() || check.algorithm == Algorithm::SlidingLog)
         && (1..=STRAIGHT_MAX_WINDOWS).contains(&check.windows.len())
 }
 
