@@ -17,6 +17,19 @@ use tower_ratelimit::clock::Timestamp;
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{Algorithm, Check, GlobalCheck, MemoryStore, Store, Window};
 
+/// A Redis store on the shared server, under a prefix of its own, and a
+/// memory store: the two to compare.
+async fn stores() -> (RedisStore, MemoryStore) {
+    let redis = RedisStore::builder()
+        .url(&shared().standalone)
+        .prefix(unique_prefix())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    (redis, MemoryStore::new())
+}
+
 #[derive(Debug, Clone)]
 struct Step {
     user: u8,
@@ -72,14 +85,7 @@ proptest! {
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
-            let redis = RedisStore::builder()
-                .url(&shared().standalone)
-                .prefix(unique_prefix())
-                .timeout(Duration::from_secs(5))
-                .build()
-                .await
-                .unwrap();
-            let memory = MemoryStore::new();
+            let (redis, memory) = stores().await;
             let windows: Arc<[Window]> = windows.into();
             let global: Option<Arc<[Window]>> = global.map(Into::into);
             let mut now = 1_767_225_600_000_000 + start_offset;
@@ -175,14 +181,7 @@ proptest! {
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
-            let redis = RedisStore::builder()
-                .url(&shared().standalone)
-                .prefix(unique_prefix())
-                .timeout(Duration::from_secs(5))
-                .build()
-                .await
-                .unwrap();
-            let memory = MemoryStore::new();
+            let (redis, memory) = stores().await;
             let rules: Vec<Arc<[Window]>> = rules.into_iter().map(Into::into).collect();
             let mut now = 1_767_225_600_000_000u64 + start_offset;
             for (i, step) in steps.iter().enumerate() {
@@ -208,14 +207,7 @@ proptest! {
 /// entry exactly one window old is out of it, on both stores.
 #[tokio::test]
 async fn long_packed_logs_agree_on_window_edges() {
-    let redis = RedisStore::builder()
-        .url(&shared().standalone)
-        .prefix(unique_prefix())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let memory = MemoryStore::new();
+    let (redis, memory) = stores().await;
     let windows: Arc<[Window]> = [
         Window::new(Duration::from_secs(1), 400).unwrap(),
         Window::new(Duration::from_secs(10), 400).unwrap(),

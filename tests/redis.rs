@@ -32,6 +32,16 @@ async fn standalone_at(prefix: &str) -> RedisStore {
         .unwrap()
 }
 
+/// A store on a server of the test's own.
+async fn own_store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap()
+}
+
 async fn cluster() -> RedisStore {
     RedisStore::builder()
         .cluster(shared().cluster.clone())
@@ -597,12 +607,7 @@ async fn a_check_future_stays_small() {
 #[tokio::test]
 async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let rule = Rule::new()
         .second(100_000)
         .per(Duration::from_secs(10), 100_000)
@@ -617,14 +622,7 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
             _ => 1,
         })
     });
-    let zadds = || -> u64 {
-        server
-            .cli(&["info", "commandstats"])
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_zadd:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let zadds = || server.calls("zadd");
     // 10,000 entries from now on; then, at the same instant, one more.
     assert_eq!(app.get("/a/big", "u").await.status, StatusCode::OK);
     let before = zadds();
@@ -656,12 +654,7 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
 #[tokio::test]
 async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let app = App::new(one_route(Rule::new().second(50)), store);
     let mut allowed = 0;
     // 100 requests a second for 6 s: half of them allowed.
@@ -674,14 +667,7 @@ async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
     assert_eq!(allowed, 300);
     let key = server.cli(&["--scan", "--pattern", "*:u}:p"]);
     let key = key.trim();
-    let calls = |command: &str| -> u64 {
-        server
-            .cli(&["info", "commandstats"])
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let calls = |command: &str| server.calls(command);
     assert_eq!(
         calls("zadd") + calls("get"),
         0,
@@ -709,12 +695,7 @@ async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
 #[tokio::test]
 async fn a_packed_log_appends_after_a_run_of_taken_microseconds() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let app = App::with(one_route(Rule::new().minute(100_000)), store, |l| {
         l.cost(|head| match head.uri.path() {
             "/a/big" => 10_000,
@@ -784,12 +765,7 @@ async fn a_packed_log_keeps_its_entries_after_the_clock_steps_back() {
 #[tokio::test]
 async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let windows: std::sync::Arc<[tower_ratelimit::Window]> =
         [tower_ratelimit::Window::new(Duration::from_secs(1), 5).unwrap()].into();
     let check = || {

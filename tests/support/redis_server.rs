@@ -154,6 +154,18 @@ impl RedisServer {
         cli(self.port, args)
     }
 
+    /// How many times `command` ran on this server (`INFO commandstats`;
+    /// calls inside scripts count).
+    #[allow(dead_code)]
+    pub fn calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["info", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// [`log_entries`] on this server.
     #[allow(dead_code)]
     pub fn log_entries(&self, key: &str) -> Vec<i64> {
