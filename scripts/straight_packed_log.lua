@@ -7,26 +7,30 @@
 -- and SETRANGE, whatever the length of the log (BENCHMARKS.md).
 --
 -- The string: the entries (the log), sorted distinct microsecond
--- timestamps, then a trailer of 21 numbers, all little-endian signed
--- 64-bit integers:
+-- timestamps (the last one is the newest), then a trailer of 15 numbers
+-- (120 bytes, whatever the rule), all little-endian signed 64-bit
+-- integers:
 --   size     the number of entries in the string;
---   newest   the last one;
---   at       the clock reading the window hints below were worked out at
---            (on an injected clock, the latest they were checked on);
+--   at       the clock the window hints were worked out at (on an
+--            injected clock, the latest they were checked on);
 --   expires  when the key's TTL ends, on the scripts' clock;
 --   start    the index (from 1) where the log starts: the entries before
 --            it left the longest window and were dropped (as the memory
 --            store pops them, on every check), and count no more whatever
 --            the clock or the rule does next; they leave the string in
 --            batches, when they are as many as the rest (and 64);
---   count    the number of windows the hints are for (up to 5);
---   then per window (shortest first) d, h, t: its length, the index of
---   its first entry at `at`, and that entry (0: none, h = size + 1).
+--   fp       the fingerprint of the windows the hints are for (their
+--            number and lengths, hashed by the store: the last argument);
+--   then per window (shortest first) h, t: the index of its first entry
+--   at `at`, and that entry (0: none, h = size + 1); then zeros, to 10
+--   numbers (a rule of fewer than 5 windows), never read.
 -- While the clock has not gone back since `at` and the windows are the
 -- same, every entry before a window's h is out of that window for good,
 -- and t tells in one comparison whether entries left it since: a check
 -- reads the trailer (and the 32 entries before it, in the same GETRANGE),
--- and an allowed one appends with one SETRANGE over the old trailer.
+-- and an allowed one appends with one SETRANGE over the old trailer. (The
+-- fewer numbers a script packs and unpacks, the less Redis spends on it:
+-- a few hundred instructions each.)
 -- Otherwise each window's start is searched for from `start` (a 16-entry
 -- read, then a binary search): no path reads the whole log, and only the
 -- batched drop copies it (once per as many checks as it holds).
@@ -41,32 +45,30 @@ if block > 0 then
   end
 end
 -- (The trailer and the 32 entries before it.)
-local tail = redis.call('GETRANGE', key, '-424', '-1')
-local size, newest, at, expires, start, count = 0, 0, 0, 0, 1, 0
-local $each(, ){sd@, h@, t@} = $each(, ){0, 1, 0}
+local tail = redis.call('GETRANGE', key, '-376', '-1')
+local size, newest, at, expires, start, sfp = 0, 0, 0, 0, 1, 0
+local $each(, ){h@, t@} = $each(, ){1, 0}
 local base = 0
-if #tail >= 168 and #tail % 8 == 0 then
-  -- (With the entry before the trailer, in the same unpack, when there is
-  -- one.)
-  local last = 0
-  if #tail > 168 then
-    last, size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
-      unpack8('<i8i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 175)
+if #tail >= 120 and #tail % 8 == 0 then
+  -- (With the entry before the trailer, the newest, in the same unpack,
+  -- when there is one.)
+  if #tail > 120 then
+    newest, size, at, expires, start, sfp, $each(, ){h@, t@} =
+      unpack8('<i8i8i8i8i8i8$each(){i8i8}', tail, #tail - 127)
   else
-    size, newest, at, expires, start, count, $each(, ){sd@, h@, t@} =
-      unpack8('<i8i8i8i8i8i8$each(){i8i8i8}', tail, #tail - 167)
+    size, at, expires, start, sfp, $each(, ){h@, t@} =
+      unpack8('<i8i8i8i8i8$each(){i8i8}', tail, 1)
   end
-  base = size - (#tail - 168) / 8
-  -- (A string shorter than the read holds exactly `size` entries, and
-  -- the entry before the trailer is the newest.)
-  if size < 0 or base < 0 or start < 1 or start > size + 1 or count < 0 or count > 5
-      or (#tail < 424 and base ~= 0)
-      or (size > base and last ~= newest) then
+  base = size - (#tail - 120) / 8
+  -- (A string shorter than the read holds exactly `size` entries.)
+  if size < 0 or base < 0 or start < 1 or start > size + 1
+      or (#tail < 376 and base ~= 0) then
     -- Not a log this script wrote: replaced by an empty one. (A value
     -- forged to look like one is trusted: whoever can write the store's
     -- keys can reset every budget anyway.)
-    size, newest, at, expires, start, count, base = 0, 0, 0, 0, 1, 0, 0
+    size, newest, at, expires, start, sfp, base = 0, 0, 0, 0, 1, 0, 0
   end
+  if size == 0 then newest = 0 end
 end
 
 -- The entry at index i: from the tail read (the last entries of the log,
@@ -112,7 +114,7 @@ end
 -- window starts where the log does, and is searched for from there; and
 -- the TTL is set again at the next write (it may run on another clock, or
 -- for a shorter longest window).
-if count ~= $N or now < at or $each( or ){sd@ ~= d@} or $each( or ){h@ < start or h@ > size + 1} then
+if sfp ~= fp or now < at or $each( or ){h@ < start or h@ > size + 1} then
   if now < at then expires = 0 end
   local first = 0
   if start <= size then first = entry(start, base, tail, key) end
@@ -199,24 +201,24 @@ if allowed == 1 and cost > 0 then
     if size > 0 and (dead < 64 or dead * 2 < size) and cost == 1 then
       -- Over the old trailer, the entry and the new trailer in one pack;
       -- the TTL moves only when it must.
-      redis.call('SETRANGE', key, 8 * size, struct.pack('<i8i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-        from, size + 1, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
+      redis.call('SETRANGE', key, 8 * size, struct.pack('<i8i8i8i8i8i8$each(){i8i8}',
+        from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
     else
       local list = { }
       for i = 1, cost do list[i] = from + i - 1 end
       local added = packed(list)
       if size > 0 and (dead < 64 or dead * 2 < size) then
         redis.call('SETRANGE', key, 8 * size, added ..
-          struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-            size + cost, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
+          struct.pack('<i8i8i8i8i8$each(){i8i8}',
+            size + cost, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
       else
         -- A new log, or the batched drop of the entries before `start`:
         -- the string written whole (the live entries copied once).
         if not px then px, expires = ttl(newest, d$N, now, ttl_pad) end
         local live = ''
         if p$N <= size then live = redis.call('GETRANGE', key, 8 * dead, 8 * size - 1) end
-        redis.call('SET', key, live .. added .. struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-          size - dead + cost, newest, now, expires, 1, $N, $each(, ){d@, p@ - dead, o@}$ZEROS),
+        redis.call('SET', key, live .. added .. struct.pack('<i8i8i8i8i8$each(){i8i8}',
+          size - dead + cost, now, expires, 1, fp, $each(, ){p@ - dead, o@}) .. '$ZPAD',
           'PX', px)
         px = nil
       end
@@ -252,8 +254,8 @@ if allowed == 1 and cost > 0 then
     newest = out[#out]
     if expires < newest + d$N then px, expires = ttl(newest, d$N, now, ttl_pad) end
     redis.call('SETRANGE', key, 8 * (q - 1), packed(out) ..
-      struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-        size + cost, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@}$ZEROS))
+      struct.pack('<i8i8i8i8i8$each(){i8i8}',
+        size + cost, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
   end
   if px then redis.call('PEXPIRE', key, px) end
 --$each
@@ -273,13 +275,13 @@ elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
     redis.call('PEXPIRE', key, px)
   end
   redis.call('SETRANGE', key, 8 * size,
-    struct.pack('<i8i8i8i8i8i8$each(){i8i8i8}$PAD',
-      size, newest, now, expires, p$N, $N, $each(, ){d@, p@, o@ or 0}$ZEROS))
+    struct.pack('<i8i8i8i8i8$each(){i8i8}',
+      size, now, expires, p$N, fp, $each(, ){p@, o@ or 0}) .. '$ZPAD')
 elseif size > 0 and ttl_pad > 0 and now > at then
   -- (An injected clock only: the clock this check read, so that a later
   -- one below it is seen as a clock that went back and sets the TTL again;
   -- Redis's own expiry runs on the server's clock.)
-  redis.call('SETRANGE', key, 8 * size + 16, struct.pack('<i8', now))
+  redis.call('SETRANGE', key, 8 * size + 8, struct.pack('<i8', now))
 end
 
 -- A denial blocks the user for the block time (or the wait, if longer).

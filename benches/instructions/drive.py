@@ -3,7 +3,7 @@
     python drive.py <port> <sha> <calls> <users> <store|per-window>
 
 `store`: the store's layout (the state key (no block key without a block time), the packed numbers of a
-3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of 1,000,000).
+3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of 1,000,000, a fingerprint).
 `per-window`: scripts/per_window_baseline.lua's (one key per window).
 Users are drawn from a fixed seed, so every run sends the same calls.
 """
@@ -18,7 +18,8 @@ port, sha, calls, users, layout = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3
                                    int(sys.argv[4]), sys.argv[5])
 windows = [(1_000_000, 1_000_000), (60_000_000, 1_000_000), (3_600_000_000, 1_000_000)]
 flat = [x for w in windows for x in w]
-packed = struct.pack("<" + "q" * 11, -1, 1, 0, len(windows), 0, *flat)
+# (Then the windows' fingerprint: any odd number, the same for every call.)
+packed = struct.pack("<" + "q" * 12, -1, 1, 0, len(windows), 0, *flat, 12345)
 rng = random.Random(1)
 pipe = redis.Redis(port=port).pipeline(transaction=False)
 for i in range(calls):

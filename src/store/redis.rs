@@ -73,10 +73,11 @@
 //! 64-bit integers (per window: its length, then its counters or arrival
 //! time), read with one `GET` and written with one `SET ... PX`. A packed
 //! log is one string of little-endian 64-bit integers too: its entries
-//! (sorted distinct microsecond timestamps), then a trailer of 21 numbers
-//! (`scripts/straight_packed_log.lua` describes it: the number of entries,
-//! the newest, where the log starts, and per window where it started at
-//! the last check), read with one `GETRANGE` of its last 424 bytes and
+//! (sorted distinct microsecond timestamps), then a trailer of 15 numbers
+//! (`scripts/straight_packed_log.lua` describes it: per window where it
+//! started at the last check, the number of entries, where the log starts,
+//! and a fingerprint of the windows), read with one `GETRANGE` of its last
+//! 376 bytes and
 //! appended to with one `SETRANGE`; entries that left the longest window
 //! leave the string in one copy once they are as many as the live ones
 //! (about 1 ms of Redis time per 100,000 live entries, once per as many
@@ -217,6 +218,9 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
+            // (Only the sliding log reads the windows' fingerprint.)
+            ("ARGFP", String::new()),
+            ("ARGFMT", String::new()),
         ],
     ))
 }
@@ -224,7 +228,8 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
 /// The straight-line sliding log: its log packed in one string with a
 /// trailer that has room for [`STRAIGHT_MAX_WINDOWS`] windows whatever the
 /// rule's count, so a change of rule never changes the trailer's length
-/// (the slots of the windows a rule does not have are zeros).
+/// (the slots of the windows a rule does not have are zero bytes at its
+/// end, a constant in the script: no script packs or unpacks them).
 fn packed_log_lua(windows: usize) -> Option<String> {
     let pad = STRAIGHT_MAX_WINDOWS
         .checked_sub(windows)
@@ -233,8 +238,9 @@ fn packed_log_lua(windows: usize) -> Option<String> {
         STRAIGHT_SLIDING_LOG,
         windows,
         &[
-            ("PAD", "i8i8i8".repeat(pad)),
-            ("ZEROS", ", 0, 0, 0".repeat(pad)),
+            ("ZPAD", "\\0".repeat(16 * pad)),
+            ("ARGFP", ", fp".to_owned()),
+            ("ARGFMT", "i8".to_owned()),
         ],
     ))
 }
@@ -767,8 +773,9 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 ///
 /// In order: now in microseconds (`-1`: the server's `TIME`), cost, block
 /// time in microseconds (`0`: none), the user's window count, the
-/// route-wide window count, then the (length in microseconds, limit) pairs
-/// of the user's windows and of the route-wide ones.
+/// route-wide window count, the (length in microseconds, limit) pairs
+/// of the user's windows and of the route-wide ones, then a fingerprint of
+/// the user's windows (the packed sliding log keeps it with its hints).
 ///
 /// ```
 /// use std::time::Duration;
@@ -781,7 +788,8 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 ///     .chunks(8)
 ///     .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
 ///     .collect();
-/// assert_eq!(numbers, [-1, 1, 0, 1, 0, 1_000_000, 10]);
+/// assert_eq!(numbers[..7], [-1, 1, 0, 1, 0, 1_000_000, 10]);
+/// assert_eq!(numbers.len(), 8);
 /// # Ok::<(), tower_ratelimit::ConfigError>(())
 /// ```
 pub fn script_args(check: &Check) -> Vec<u8> {
@@ -793,7 +801,7 @@ pub fn script_args(check: &Check) -> Vec<u8> {
 /// The length of a check's [`script_args`].
 fn args_len(check: &Check) -> usize {
     let global = check.global.as_ref().map_or(0, |g| g.windows.len());
-    8 * (5 + 2 * (check.windows.len() + global))
+    8 * (6 + 2 * (check.windows.len() + global))
 }
 
 /// Each number of a check's [`script_args`], in order.
@@ -810,6 +818,26 @@ fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
         push(saturating_i64(w.micros()));
         push(i64::from(w.limit()));
     }
+    push(windows_fingerprint(&check.windows));
+}
+
+/// The fingerprint of a budget's windows (their number and lengths): the
+/// packed sliding log keeps it with its window hints, which hold only for
+/// the windows they were worked out for. One number instead of every
+/// window's length spares the script two numbers to unpack and pack per
+/// window. FNV-1a, so every replica and version computes the same one;
+/// odd and below 2^53, so a Lua number holds it exactly and it is never
+/// the 0 of an empty trailer. (Two window sets with one fingerprint on one
+/// key would need a 1-in-2^52 chance at a rule change.)
+fn windows_fingerprint(windows: &[Window]) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let lengths = windows.iter().map(Window::micros);
+    for n in std::iter::once(windows.len() as u64).chain(lengths) {
+        for byte in n.to_le_bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    ((hash >> 11) | 1) as i64
 }
 
 fn saturating_i64(n: u64) -> i64 {
@@ -1133,6 +1161,28 @@ mod tests {
 
     fn packed(numbers: &[i64]) -> Vec<u8> {
         numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn the_windows_fingerprint_is_fixed_exact_in_lua_and_tells_window_sets_apart() {
+        let w = |secs: &[u64]| -> Vec<Window> {
+            secs.iter()
+                .map(|s| Window::new(Duration::from_secs(*s), 10).unwrap())
+                .collect()
+        };
+        let sets = [w(&[1]), w(&[1, 60]), w(&[60, 1]), w(&[1, 61]), w(&[2, 60])];
+        let prints: Vec<i64> = sets.iter().map(|s| windows_fingerprint(s)).collect();
+        for (i, a) in prints.iter().enumerate() {
+            assert!(*a > 0 && *a < 1 << 53 && a % 2 == 1, "{a}");
+            assert!(prints[i + 1..].iter().all(|b| b != a), "{prints:?}");
+        }
+        // The limits do not count (hints are about where windows start).
+        let other_limits = [Window::new(Duration::from_secs(1), 99).unwrap()];
+        assert_eq!(windows_fingerprint(&other_limits), prints[0]);
+        // Every replica and version must compute the same one: a change
+        // here makes old and new replicas reset each other's hints.
+        assert_eq!(prints[1], windows_fingerprint(&sets[1]));
+        assert_eq!(prints[1], 1_691_947_665_570_839);
     }
 
     #[test]

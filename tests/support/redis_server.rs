@@ -184,10 +184,10 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 
 /// The entries of a sliding log's key, oldest first, whichever layout it
 /// has: a sorted set (`...:l`) or the packed string (`...:p`: entries,
-/// then a trailer of 21 little-endian 64-bit integers: size, newest, the
-/// hints' clock, the TTL's end, where the log starts, the number of
-/// windows, then (length, first index, first entry) per window, for up to
-/// 5). Entries before the start were dropped (they leave the string in
+/// then a trailer of 15 little-endian 64-bit integers: size, the hints'
+/// clock, the TTL's end, where the log starts, the windows' fingerprint,
+/// then (first index, first entry) per window and zeros to 10 numbers).
+/// Entries before the start were dropped (they leave the string in
 /// batches).
 #[allow(dead_code)]
 pub fn log_entries(port: u16, key: &str) -> Vec<i64> {
@@ -195,8 +195,8 @@ pub fn log_entries(port: u16, key: &str) -> Vec<i64> {
         if t == 'zset' then return redis.call('ZRANGE', KEYS[1], 0, -1) end \
         if t ~= 'string' then return {} end \
         local v = redis.call('GET', KEYS[1]) \
-        local size = struct.unpack('<i8', v, #v - 167) \
-        local start = struct.unpack('<i8', v, #v - 135) \
+        local size = struct.unpack('<i8', v, #v - 119) \
+        local start = struct.unpack('<i8', v, #v - 95) \
         local out = {} \
         for i = start, size do \
           out[#out + 1] = string.format('%d', struct.unpack('<i8', v, 8 * i - 7)) \
