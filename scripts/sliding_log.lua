@@ -5,7 +5,8 @@
 -- both counted. An entry at t is in a window of length d while now < t + d.
 --
 -- An allowed request on 3 windows costs ZREMRANGEBYSCORE, ZCARD, 2 ZCOUNT,
--- ZADD, PEXPIRE and one ZRANGE (for the reset). C[w] is the count of window
+-- ZADD, PEXPIRE and two ZRANGEs (the newest entry, for the TTL, and one
+-- for the reset). C[w] is the count of window
 -- w; budget b (1: the user's, 2: the route's) holds windows first .. last,
 -- and its set's size is total[b]. A budget without windows is not touched.
 
@@ -66,9 +67,18 @@ if user_ok and route_ok then
         t = t + 1
       end
       if added < cost then t = add_entries(key, t, cost - added) end
+      -- The key lives until its newest entry leaves the longest window:
+      -- this request's last one, or an older request's that a clock which
+      -- went back left ahead of it (only a set that had entries can hold
+      -- one).
+      local newest = t - 1
+      if total[b] > 0 then
+        local top = redis.call('ZRANGE', key, -1, -1)[1] + 0
+        if top > newest then newest = top end
+      end
       total[b] = total[b] + cost
       for w = first, last do C[w] = C[w] + cost end
-      local ms = math.ceil((t - 1 + V[4 + 2 * last] - now) / 1000)
+      local ms = math.ceil((newest + V[4 + 2 * last] - now) / 1000)
       if ms < 1 then ms = 1 end
       redis.call('PEXPIRE', key, fmt('%d', ms + ttl_pad))
     end

@@ -758,6 +758,35 @@ async fn a_packed_log_keeps_its_entries_after_the_clock_steps_back() {
     assert!(pttl() > 21_000, "pttl {}", pttl());
 }
 
+/// The same for the general script's sorted set (six windows): a request
+/// on a clock that went back sets the TTL from the newest entry, which an
+/// earlier request left ahead of that clock, not from its own.
+#[tokio::test]
+async fn a_sorted_set_log_keeps_its_entries_after_the_clock_steps_back() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = standalone_at(&prefix).await;
+    let rule = (1..=6).fold(Rule::new(), |rule, s| rule.per(Duration::from_secs(s), 10));
+    let app = App::new(one_route(rule), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let key = keys(port, &prefix).remove(0);
+    assert!(key.ends_with(":l"), "{key}");
+    let pttl = || -> i64 { cli(port, &["pttl", &key]).parse().unwrap() };
+    // (6 s and the injected clock's 10 s pad.)
+    assert!(pttl() <= 16_000, "pttl {}", pttl());
+    let start = tower_ratelimit::clock::Clock::now(&app.clock);
+    app.clock
+        .set(tower_ratelimit::clock::Timestamp::from_micros(
+            start.as_micros() - 20_000_000,
+        ));
+    // Allowed, with an entry of its own 20 s before the first one, which
+    // stays in the 6 s window until 26 s from this clock: the key must
+    // live that long (and the pad).
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(cli(port, &["zcard", &key]), "2");
+    assert!(pttl() > 26_000, "pttl {}", pttl());
+}
+
 /// A value this script did not write under a packed log's key is
 /// replaced by a fresh log when its numbers do not fit it, and refused
 /// (an error naming the key: the layer's fail mode) when they fit until a
