@@ -73,7 +73,7 @@ if user_ok and route_ok then
       -- one).
       local newest = t - 1
       if total[b] > 0 then
-        local top = redis.call('ZRANGE', key, -1, -1)[1] + 0
+        local top = redis.call('ZRANGE', key, '-1', '-1')[1] + 0
         if top > newest then newest = top end
       end
       total[b] = total[b] + cost

@@ -11,7 +11,7 @@
 -- microsecond, or after a costly request): one search, not ZADDs skipping
 -- the run a batch at a time (as push() in sliding_log.rs).
 local function past_taken_run(key, t)
-  local newest = redis.call('ZRANGE', key, -1, -1)[1]
+  local newest = redis.call('ZRANGE', key, '-1', '-1')[1]
   if newest then
     newest = newest + 0
     if newest >= t and
