@@ -2,12 +2,16 @@
 //! allocator: allowed, denied (from the store and from the denial cache),
 //! and unmatched, through the whole layer with the peer-IP identity; then
 //! through an axum router, with the layer's own body type and with
-//! `same_body()`.
+//! `same_body()`. Then per check on Redis (its own `redis-server`): the
+//! store's, against one `EVALSHA` made by hand on the same kind of
+//! connection (what redis-rs itself allocates).
 //!
 //! ```sh
 //! cargo bench --bench allocs
 //! ```
 #![allow(missing_docs)]
+
+mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -21,7 +25,10 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt};
 use tower_ratelimit::clock::{ManualClock, Timestamp};
-use tower_ratelimit::{Algorithm, HeaderMode, MemoryStore, RateLimitLayer, Rule, Rules};
+use tower_ratelimit::store::redis::{script_args, straight_lua, RedisStore};
+use tower_ratelimit::{
+    Algorithm, Check, HeaderMode, MemoryStore, RateLimitLayer, Rule, Rules, Store, Window,
+};
 
 struct Counting;
 
@@ -186,6 +193,73 @@ fn through_axum(wrap: Wrap, rounds: u64) -> f64 {
     served - (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64
 }
 
+/// Allocations per check on Redis, one at a time on a current-thread
+/// runtime, 3 windows of a limit no check reaches, 1,000 users: through
+/// the store, and as one `EVALSHA` of the same script on a bare
+/// multiplexed connection (the load harness's ceiling), per algorithm.
+fn on_redis(rounds: u64) {
+    let server = support::redis_server::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let windows: Vec<Window> = [1, 60, 3600]
+        .map(|s| Window::new(std::time::Duration::from_secs(s), 1_000_000_000).unwrap())
+        .to_vec();
+    println!("allocations per check on Redis (3 windows, allowed), the whole round trip:");
+    println!("  {:<16} {:>8} {:>12}", "algorithm", "store", "by hand");
+    runtime.block_on(async {
+        let store = RedisStore::builder()
+            .url(server.url())
+            .build()
+            .await
+            .unwrap();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for algorithm in [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
+        ] {
+            let checks: Vec<Check> = (0..1000)
+                .map(|u| Check::new(format!("r0:u{u}"), windows.clone()).with_algorithm(algorithm))
+                .collect();
+            let through_store = async |n: u64| {
+                for i in 0..n {
+                    let check = checks[i as usize % checks.len()].clone();
+                    assert!(store.check(check).await.unwrap().allowed());
+                }
+            };
+            through_store(2000).await;
+            let before = ALLOCS.load(Ordering::Relaxed);
+            through_store(rounds).await;
+            let ours = (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64;
+            let script = redis::Script::new(&straight_lua(algorithm, 3).unwrap());
+            let args = script_args(&checks[0]);
+            let keys: Vec<String> = (0..1000)
+                .map(|u| format!("hand:{{u{u}}}:{algorithm:?}"))
+                .collect();
+            let mut by_hand = async |n: u64| {
+                for i in 0..n {
+                    let mut call = script.key(&keys[i as usize % keys.len()]);
+                    call.arg(&args[..]);
+                    let reply: Vec<u8> = call.invoke_async(&mut conn).await.unwrap();
+                    assert_eq!(reply[0], 1);
+                }
+            };
+            by_hand(2000).await;
+            let before = ALLOCS.load(Ordering::Relaxed);
+            by_hand(rounds).await;
+            let hand = (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64;
+            println!(
+                "  {:<16} {ours:>8.1} {hand:>12.1}",
+                format!("{algorithm:?}")
+            );
+        }
+    });
+}
+
 fn main() {
     let rounds = 100_000;
     let base = baseline(rounds);
@@ -238,4 +312,5 @@ fn main() {
         let allocs = through_axum(wrap, rounds);
         println!("  {name:<36} {allocs:>5.1} ({:+.1})", allocs - bare);
     }
+    on_redis(20_000);
 }
