@@ -790,7 +790,10 @@ async fn a_sorted_set_log_keeps_its_entries_after_the_clock_steps_back() {
 /// A value this script did not write under a packed log's key is
 /// replaced by a fresh log when its numbers do not fit it, and refused
 /// (an error naming the key: the layer's fail mode) when they fit until a
-/// read falls past its end; never a wrong answer or a panic.
+/// read falls past its end; never a panic. (A value forged to look like a
+/// log, whose trailer agrees with the bytes the script reads, is trusted,
+/// as anything a writer of the store's keys leaves there: telling it apart
+/// would cost every check one more command.)
 #[tokio::test]
 async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     let server = RedisServer::start();
