@@ -13,7 +13,8 @@
 --            block time in microseconds (0 for none),
 --            number of user windows UN, number of route-wide windows GN,
 --            then (length us, limit) of every window: the user's, shortest
---            first, then the route's, shortest first.
+--            first, then the route's, shortest first; then a fingerprint of
+--            the user's windows (only the packed sliding log reads it).
 --
 -- Reply: one string of little-endian signed 64-bit integers, packed like
 -- ARGV[1] (one bulk string is cheaper for Redis to write and for the client
