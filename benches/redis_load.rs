@@ -9,7 +9,11 @@
 //! - `raw-multiplex`: the same script called by hand over a bare
 //!   `MultiplexedConnection` (the ceiling: no store around it);
 //! - `per-window`: the baseline script with one sorted set per window, over
-//!   a multiplexed connection (what one shared set per budget saves).
+//!   a multiplexed connection (what one shared set per budget saves);
+//! - `steady`: `RedisStore` again, with windows of 1, 5 and 20 ms over 10
+//!   users, so that every window slides at every check, as in steady
+//!   traffic (the other shapes' 1 s window barely slides within a pass):
+//!   what the packed log's searches for the windows' new starts cost.
 //!
 //! It reports checks/s (median of the passes), the ratio to `multiplexed`,
 //! and Redis-side `usec_per_call` of EVALSHA and commands per check.
@@ -56,6 +60,7 @@ enum Shape {
     Manager(redis::aio::ConnectionManager, Arc<redis::Script>),
     Raw(redis::aio::MultiplexedConnection, Arc<redis::Script>),
     PerWindow(redis::aio::MultiplexedConnection, Arc<redis::Script>),
+    Steady(RedisStore, Arc<[Window]>),
 }
 
 impl Shape {
@@ -72,6 +77,12 @@ impl Shape {
             }
             Shape::Raw(conn, script) => {
                 assert_eq!(sliding_log(conn, script, "raw", user, windows).await, 1);
+            }
+            Shape::Steady(store, steady) => {
+                let d = store
+                    .check(Check::new(format!("steady:u{}", user % 10), steady.clone()))
+                    .await;
+                assert!(d.is_ok_and(|d| d.allowed()));
             }
             Shape::PerWindow(conn, script) => {
                 let mut inv = script.prepare_invoke();
@@ -165,6 +176,16 @@ async fn main() {
         .await
         .unwrap();
     let per_window_conn = client.get_multiplexed_async_connection().await.unwrap();
+    let steady_store = RedisStore::builder()
+        .url(&url)
+        .prefix("st")
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let steady: Arc<[Window]> = [1, 5, 20]
+        .map(|ms| Window::new(Duration::from_millis(ms), 1_000_000_000).unwrap())
+        .into();
     // The script the store runs for a 3-window sliding-log check.
     let sliding_log = straight_lua(Algorithm::SlidingLog, 3).unwrap_or_default();
     let shapes = [
@@ -190,6 +211,7 @@ async fn main() {
                 ))),
             ),
         ),
+        ("steady", Shape::Steady(steady_store, steady)),
     ];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
     let mut usec: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
