@@ -151,13 +151,17 @@ async fn main() {
     let server = RedisServer::start();
     let url = server.url();
     let client = redis::Client::open(url.as_str()).unwrap();
-    let multiplexed = RedisStore::builder()
-        .url(&url)
-        .prefix("mx")
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    // A store on its own multiplexed connection, its keys under `prefix`.
+    let store = async |prefix: &str| {
+        RedisStore::builder()
+            .url(&url)
+            .prefix(prefix)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap()
+    };
+    let multiplexed = store("mx").await;
     let pool = deadpool_redis::Config::from_url(&url)
         .builder()
         .unwrap()
@@ -176,13 +180,7 @@ async fn main() {
         .await
         .unwrap();
     let per_window_conn = client.get_multiplexed_async_connection().await.unwrap();
-    let steady_store = RedisStore::builder()
-        .url(&url)
-        .prefix("st")
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let steady_store = store("st").await;
     let steady: Arc<[Window]> = [1, 5, 20]
         .map(|ms| Window::new(Duration::from_millis(ms), 1_000_000_000).unwrap())
         .into();

@@ -635,11 +635,7 @@ async fn a_request_after_a_packed_run_finds_its_microsecond_in_one_search() {
     assert_eq!(server.cli(&["zcard", keys.trim()]), "10001");
     // The clock steps back 3 µs: three free microseconds below the run,
     // then the run is skipped in one search again.
-    let start = tower_ratelimit::clock::Clock::now(&app.clock);
-    app.clock
-        .set(tower_ratelimit::clock::Timestamp::from_micros(
-            start.as_micros() - 3,
-        ));
+    app.rewind(Duration::from_micros(3));
     let before = zadds();
     assert_eq!(app.get("/a/five", "u").await.status, StatusCode::OK);
     assert!(zadds() - before <= 2, "{} ZADDs", zadds() - before);
@@ -718,11 +714,7 @@ async fn a_packed_log_appends_after_a_run_of_taken_microseconds() {
     assert!(log.windows(2).all(|w| w[1] == w[0] + 1), "one run");
     // The clock steps back 3 µs: three free microseconds below the run,
     // then two after it.
-    let start = tower_ratelimit::clock::Clock::now(&app.clock);
-    app.clock
-        .set(tower_ratelimit::clock::Timestamp::from_micros(
-            start.as_micros() - 3,
-        ));
+    let start = app.rewind(Duration::from_micros(3));
     assert_eq!(app.get("/a/five", "u").await.status, StatusCode::OK);
     let log = server.log_entries(key);
     assert_eq!(log.len(), 10_006);
@@ -745,11 +737,7 @@ async fn a_packed_log_keeps_its_entries_after_the_clock_steps_back() {
     let pttl = || -> i64 { cli(port, &["pttl", &key]).parse().unwrap() };
     // (1 s, a second of slack, the injected clock's 10 s pad.)
     assert!(pttl() <= 12_000, "pttl {}", pttl());
-    let start = tower_ratelimit::clock::Clock::now(&app.clock);
-    app.clock
-        .set(tower_ratelimit::clock::Timestamp::from_micros(
-            start.as_micros() - 20_000_000,
-        ));
+    app.rewind(Duration::from_secs(20));
     // The entry is 20 s ahead of this clock: still in the window, and the
     // key must live until it leaves it, 21 s from now and more.
     let denied = app.get("/a", "u").await;
@@ -774,11 +762,7 @@ async fn a_sorted_set_log_keeps_its_entries_after_the_clock_steps_back() {
     let pttl = || -> i64 { cli(port, &["pttl", &key]).parse().unwrap() };
     // (6 s and the injected clock's 10 s pad.)
     assert!(pttl() <= 16_000, "pttl {}", pttl());
-    let start = tower_ratelimit::clock::Clock::now(&app.clock);
-    app.clock
-        .set(tower_ratelimit::clock::Timestamp::from_micros(
-            start.as_micros() - 20_000_000,
-        ));
+    app.rewind(Duration::from_secs(20));
     // Allowed, with an entry of its own 20 s before the first one, which
     // stays in the 6 s window until 26 s from this clock: the key must
     // live that long (and the pad).

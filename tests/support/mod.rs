@@ -165,6 +165,18 @@ impl App {
         self.clock.advance(Duration::from_millis(ms));
     }
 
+    /// Sets the clock back by `by` (a clock that went back), and returns
+    /// the time it read before.
+    #[allow(dead_code)]
+    pub fn rewind(&self, by: Duration) -> Timestamp {
+        let now = tower_ratelimit::clock::Clock::now(&self.clock);
+        let micros = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        self.clock.set(Timestamp::from_micros(
+            now.as_micros().saturating_sub(micros),
+        ));
+        now
+    }
+
     pub async fn send(
         &self,
         method: Method,
