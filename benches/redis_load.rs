@@ -4,7 +4,11 @@
 //! interleaved passes, 50 concurrent workers doing checks through:
 //!
 //! - `multiplexed`: `RedisStore` on one multiplexed connection (the default);
-//! - `pool16`: `RedisStore` on a deadpool-redis pool of 16;
+//! - `pool16`: `RedisStore` on a deadpool-redis pool of 16 (it keeps one
+//!   connection checked out and multiplexes every check on it);
+//! - `pool-get`: the same script by hand through that pool with a
+//!   `pool.get()` per check (what the store would pay checking out per
+//!   check: the pool's `UNWATCH` + `PING` each time);
 //! - `conn-manager`: the same script over redis-rs' `ConnectionManager`;
 //! - `raw-multiplex`: the same script called by hand over a bare
 //!   `MultiplexedConnection` (the ceiling: no store around it);
@@ -59,6 +63,7 @@ enum Shape {
     Store(RedisStore),
     Manager(redis::aio::ConnectionManager, Arc<redis::Script>),
     Raw(redis::aio::MultiplexedConnection, Arc<redis::Script>),
+    PoolGet(deadpool_redis::Pool, Arc<redis::Script>),
     PerWindow(redis::aio::MultiplexedConnection, Arc<redis::Script>),
     Steady(RedisStore, Arc<[Window]>),
 }
@@ -77,6 +82,10 @@ impl Shape {
             }
             Shape::Raw(conn, script) => {
                 assert_eq!(sliding_log(conn, script, "raw", user, windows).await, 1);
+            }
+            Shape::PoolGet(pool, script) => {
+                let mut conn = pool.get().await.unwrap();
+                assert_eq!(sliding_log(&mut conn, script, "pg", user, windows).await, 1);
             }
             Shape::Steady(store, steady) => {
                 let d = store
@@ -170,7 +179,7 @@ async fn main() {
         .build()
         .unwrap();
     let pooled = RedisStore::builder()
-        .pool(pool)
+        .pool(pool.clone())
         .prefix("pl")
         .timeout(Duration::from_secs(5))
         .build()
@@ -189,6 +198,10 @@ async fn main() {
     let shapes = [
         ("multiplexed", Shape::Store(multiplexed)),
         ("pool16", Shape::Store(pooled)),
+        (
+            "pool-get",
+            Shape::PoolGet(pool, Arc::new(redis::Script::new(&sliding_log))),
+        ),
         (
             "conn-manager",
             Shape::Manager(manager, Arc::new(redis::Script::new(&sliding_log))),

@@ -337,17 +337,66 @@ async fn script_flush_is_recovered_from() {
     }
 }
 
+/// A caller's pool: its connections are checked out once and used by
+/// every check, not one `pool.get()` (with its `UNWATCH` + `PING`) per
+/// check; the store keeps one connection out of the pool while it lives.
+#[tokio::test]
+async fn a_pool_costs_one_command_per_check_and_lends_the_store_one_connection() {
+    let server = RedisServer::start();
+    // (The start-up's own PING.)
+    let health_checks = || server.calls("ping") + server.calls("unwatch");
+    let before = health_checks();
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::builder()
+        .pool(pool.clone())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let status = pool.status();
+    assert_eq!((status.size, status.available), (1, 0));
+    // (Every denial asks the store: no local cache.)
+    let app = App::with(one_route(Rule::new().second(3).minute(100)), store, |l| {
+        l.denial_cache(0)
+    });
+    let users = ["u", "v", "w", "x"];
+    let replies =
+        futures_util::future::join_all((0..40).map(|i| app.get("/a", users[i % 4]))).await;
+    let allowed = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .count();
+    assert_eq!(allowed, 12);
+    assert_eq!(server.calls("evalsha"), 40);
+    assert_eq!(health_checks(), before);
+    // Dropped: its connection goes back to the pool.
+    drop(app);
+    let status = pool.status();
+    assert_eq!((status.size, status.available), (1, 1));
+}
+
 #[tokio::test]
 async fn killed_redis_fails_open_or_closed_within_the_deadline() {
     let deadline = Duration::from_millis(50);
-    for mode in [FailMode::Open, FailMode::Closed] {
+    let shapes = [
+        (FailMode::Open, false),
+        (FailMode::Closed, false),
+        (FailMode::Open, true),
+    ];
+    for (mode, pooled) in shapes {
         let mut server = RedisServer::start();
-        let store = RedisStore::builder()
-            .url(server.url())
-            .timeout(deadline)
-            .build()
-            .await
-            .unwrap();
+        let builder = if pooled {
+            // (A caller's pool: its connection is replaced through the pool.)
+            let pool = deadpool_redis::Config::from_url(server.url())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .unwrap();
+            RedisStore::builder().pool(pool)
+        } else {
+            RedisStore::builder().url(server.url())
+        };
+        let store = builder.timeout(deadline).build().await.unwrap();
         let app = App::with(one_route(Rule::new().second(1)), store, |l| {
             l.fail_mode(mode)
         });
@@ -373,7 +422,7 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
             // The deadline, plus scheduling slack on a busy machine.
             assert!(
                 took < deadline + Duration::from_millis(150),
-                "{mode:?} took {took:?}"
+                "{mode:?} (pooled: {pooled}) took {took:?}"
             );
         }
         // Restarted: limiting resumes by itself (the budget is gone with
