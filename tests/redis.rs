@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use support::redis_server::{cli, log_entries, shared, unique_prefix, RedisServer};
 use support::App;
-use tower_ratelimit::store::redis::RedisStore;
+use tower_ratelimit::store::redis::{RedisStore, RedisStoreBuilder};
 use tower_ratelimit::{Algorithm, FailMode, Rule, Rules};
 
 /// Generous: the conformance suite checks decisions, not latency, on a
@@ -337,21 +337,33 @@ async fn script_flush_is_recovered_from() {
     }
 }
 
+/// A builder for a server of the test's own: on a multiplexed connection
+/// of the store's, or through a pool of the caller's (returned too).
+fn builder_for(
+    server: &RedisServer,
+    pooled: bool,
+) -> (RedisStoreBuilder, Option<deadpool_redis::Pool>) {
+    if pooled {
+        let pool = deadpool_redis::Config::from_url(server.url())
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        (RedisStore::builder().pool(pool.clone()), Some(pool))
+    } else {
+        (RedisStore::builder().url(server.url()), None)
+    }
+}
+
 /// A caller's pool: its connections are checked out once and used by
 /// every check, not one `pool.get()` (with its `UNWATCH` + `PING`) per
 /// check; the store keeps one connection out of the pool while it lives.
 #[tokio::test]
 async fn a_pool_costs_one_command_per_check_and_lends_the_store_one_connection() {
     let server = RedisServer::start();
-    // (The start-up's own PING.)
-    let health_checks = || server.calls("ping") + server.calls("unwatch");
-    let before = health_checks();
-    let pool = deadpool_redis::Config::from_url(server.url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    let store = RedisStore::builder()
-        .pool(pool.clone())
+    let (builder, pool) = builder_for(&server, true);
+    let pool = pool.unwrap();
+    let store = builder
         .timeout(TEST_TIMEOUT)
+        .connect_timeout(TEST_TIMEOUT)
         .build()
         .await
         .unwrap();
@@ -361,6 +373,7 @@ async fn a_pool_costs_one_command_per_check_and_lends_the_store_one_connection()
     let app = App::with(one_route(Rule::new().second(3).minute(100)), store, |l| {
         l.denial_cache(0)
     });
+    assert_eq!(server.cli(&["config", "resetstat"]), "OK");
     let users = ["u", "v", "w", "x"];
     let replies =
         futures_util::future::join_all((0..40).map(|i| app.get("/a", users[i % 4]))).await;
@@ -369,8 +382,20 @@ async fn a_pool_costs_one_command_per_check_and_lends_the_store_one_connection()
         .filter(|r| r.status == StatusCode::OK)
         .count();
     assert_eq!(allowed, 12);
+    // Exactly one command per check: since the reset (counted), the only
+    // commands run are the 40 scripts and what they call (a new log's SET,
+    // then GETRANGE and SETRANGE); no PING or UNWATCH.
+    let stats = server.cli(&["info", "commandstats"]);
+    let mut ran: Vec<&str> = stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split(':').next())
+        .collect();
+    ran.sort_unstable();
+    assert_eq!(
+        ran,
+        ["config|resetstat", "evalsha", "getrange", "set", "setrange"]
+    );
     assert_eq!(server.calls("evalsha"), 40);
-    assert_eq!(health_checks(), before);
     // Dropped: its connection goes back to the pool.
     drop(app);
     let status = pool.status();
@@ -387,16 +412,13 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
     ];
     for (mode, pooled) in shapes {
         let mut server = RedisServer::start();
-        let builder = if pooled {
-            // (A caller's pool: its connection is replaced through the pool.)
-            let pool = deadpool_redis::Config::from_url(server.url())
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                .unwrap();
-            RedisStore::builder().pool(pool)
-        } else {
-            RedisStore::builder().url(server.url())
-        };
-        let store = builder.timeout(deadline).build().await.unwrap();
+        // (Through a caller's pool, the connection is replaced through it.)
+        let store = builder_for(&server, pooled)
+            .0
+            .timeout(deadline)
+            .build()
+            .await
+            .unwrap();
         let app = App::with(one_route(Rule::new().second(1)), store, |l| {
             l.fail_mode(mode)
         });
@@ -442,10 +464,18 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
 
 #[tokio::test]
 async fn paused_redis_cannot_stall_requests() {
+    for pooled in [false, true] {
+        paused_redis_cannot_stall(pooled).await;
+    }
+}
+
+/// A paused server answers nothing: only the store's deadline ends a
+/// check (a pool's connections have the caller's response timeout).
+async fn paused_redis_cannot_stall(pooled: bool) {
     let server = RedisServer::start();
     let deadline = Duration::from_millis(50);
-    let store = RedisStore::builder()
-        .url(server.url())
+    let store = builder_for(&server, pooled)
+        .0
         .timeout(deadline)
         .build()
         .await
@@ -461,7 +491,7 @@ async fn paused_redis_cannot_stall_requests() {
         assert!(!reply.limited());
         assert!(
             t.elapsed() < deadline + Duration::from_millis(150),
-            "took {:?}",
+            "took {:?} (pooled: {pooled})",
             t.elapsed()
         );
     }
