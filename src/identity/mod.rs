@@ -290,9 +290,15 @@ impl ClientIp {
 
 /// The error of an identity that needs the peer address and has none.
 pub(crate) fn no_peer() -> IdentityError {
-    IdentityError::new("the server did not record the peer address (serve with ConnectInfo)")
-        .with_status(StatusCode::INTERNAL_SERVER_ERROR)
+    IdentityError::new(NO_PEER).with_status(StatusCode::INTERNAL_SERVER_ERROR)
 }
+
+#[cfg(feature = "axum")]
+const NO_PEER: &str = "the server did not record the peer address (serve with ConnectInfo: \
+     into_make_service_with_connect_info::<SocketAddr>(), or insert a SocketAddr extension)";
+#[cfg(not(feature = "axum"))]
+const NO_PEER: &str = "the server did not record the peer address (insert a SocketAddr \
+     extension; under axum, tower-ratelimit's `axum` feature reads ConnectInfo)";
 
 impl Identify for ClientIp {
     ready_identity!();
