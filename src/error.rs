@@ -22,6 +22,9 @@ pub enum ConfigErrorKind {
     InvalidLimit(i64),
     /// A window's duration is zero, negative or too long.
     InvalidDuration,
+    /// A configuration window gives both or neither of `seconds` and
+    /// `millis`.
+    WindowLength,
     /// Two windows of one rule have the same duration.
     DuplicateWindow,
     /// A rule repeats (or is shadowed by) an earlier rule of the same route
@@ -128,6 +131,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigErrorKind::InvalidDuration => {
                 f.write_str("duration must be between 1 millisecond and 10 years")
+            }
+            ConfigErrorKind::WindowLength => {
+                f.write_str("a window takes exactly one of `seconds` and `millis`")
             }
             ConfigErrorKind::DuplicateWindow => {
                 f.write_str("another window of this rule has the same duration")

@@ -166,7 +166,9 @@ pub struct Rule {
     zone: Option<String>,
     algorithm: Algorithm,
     block_time: Option<Duration>,
-    windows: Vec<(String, Duration, i64)>,
+    /// (Field name, duration, limit; no duration: a config window that
+    /// gave both or neither of `seconds` and `millis`.)
+    windows: Vec<(String, Option<Duration>, i64)>,
 }
 
 impl Default for Rule {
@@ -222,7 +224,7 @@ impl Rule {
     fn named(mut self, name: &str, seconds: u64, limit: u32) -> Self {
         self.windows.push((
             name.to_owned(),
-            Duration::from_secs(seconds),
+            Some(Duration::from_secs(seconds)),
             i64::from(limit),
         ));
         self
@@ -256,11 +258,11 @@ impl Rule {
     /// At most `limit` requests per `duration` (e.g. 5 per 10 seconds).
     pub fn per(mut self, duration: Duration, limit: u32) -> Self {
         let name = format!("windows[{}]", self.windows.len());
-        self.windows.push((name, duration, i64::from(limit)));
+        self.windows.push((name, Some(duration), i64::from(limit)));
         self
     }
 
-    fn push_raw(&mut self, name: String, duration: Duration, limit: i64) {
+    fn push_raw(&mut self, name: String, duration: Option<Duration>, limit: i64) {
         self.windows.push((name, duration, limit));
     }
 
@@ -274,8 +276,10 @@ impl Rule {
         }
         let mut windows: Vec<Window> = Vec::with_capacity(self.windows.len());
         for (name, duration, limit) in &self.windows {
+            let duration =
+                duration.ok_or_else(|| fail(Some(name), ConfigErrorKind::WindowLength))?;
             let window =
-                Window::validate(*duration, *limit).map_err(|kind| fail(Some(name), kind))?;
+                Window::validate(duration, *limit).map_err(|kind| fail(Some(name), kind))?;
             if windows.iter().any(|w| w.micros == window.micros) {
                 return Err(fail(Some(name), ConfigErrorKind::DuplicateWindow));
             }
@@ -1164,16 +1168,16 @@ impl RawWindows {
         ];
         for (name, secs, limit) in named {
             if let Some(limit) = limit {
-                rule.push_raw(name.to_owned(), Duration::from_secs(secs), limit);
+                rule.push_raw(name.to_owned(), Some(Duration::from_secs(secs)), limit);
             }
         }
         for (i, w) in self.windows.into_iter().enumerate() {
-            // Exactly one of `seconds` and `millis`; anything else is a zero
-            // duration, reported against this window by the builder.
+            // Exactly one of `seconds` and `millis`; anything else is
+            // reported against this window by the builder.
             let duration = match (w.seconds, w.millis) {
-                (Some(s), None) => Duration::from_secs(s),
-                (None, Some(ms)) => Duration::from_millis(ms),
-                _ => Duration::ZERO,
+                (Some(s), None) => Some(Duration::from_secs(s)),
+                (None, Some(ms)) => Some(Duration::from_millis(ms)),
+                _ => None,
             };
             rule.push_raw(format!("windows[{i}]"), duration, w.limit);
         }

@@ -138,17 +138,25 @@ fn duplicate_windows_are_rejected() {
 
 #[test]
 fn bad_window_durations_are_rejected() {
-    for window in [
-        "{ seconds = 0, limit = 1 }",
-        "{ limit = 1 }",
-        "{ seconds = 1, millis = 5, limit = 1 }",
-    ] {
-        let err = error(&format!(
-            "[[routes]]\npath = \"^/a\"\nrules = [{{ windows = [{window}] }}]\n"
-        ));
+    let config = |window: &str| {
+        format!("[[routes]]\npath = \"^/a\"\nrules = [{{ windows = [{window}] }}]\n")
+    };
+    let err = error(&config("{ seconds = 0, limit = 1 }"));
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::InvalidDuration),
+        "{err}"
+    );
+    for window in ["{ limit = 1 }", "{ seconds = 1, millis = 5, limit = 1 }"] {
+        let err = error(&config(window));
         assert!(
-            matches!(err.kind(), ConfigErrorKind::InvalidDuration),
+            matches!(err.kind(), ConfigErrorKind::WindowLength),
             "{window}: {err}"
+        );
+        assert_eq!(err.field(), Some("windows[0]"));
+        assert!(
+            err.to_string()
+                .ends_with("a window takes exactly one of `seconds` and `millis`"),
+            "{err}"
         );
     }
 }
