@@ -28,7 +28,7 @@ use clap::{Parser, ValueEnum};
 use http::request::Parts;
 use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{Config, FailMode, MemoryStore, RateLimitLayer, Store};
+use tower_ratelimit::{Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, Store};
 
 /// The table used without `--config`.
 const DEMO: &str = r#"# API key -> group; other keys are "default"
@@ -105,6 +105,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let args = Args::parse();
+    // (Checked first: the error names the flag.)
+    let proxies = ForwardedIp::new(&args.trusted_proxies).map_err(|e| match e.kind() {
+        ConfigErrorKind::InvalidNetwork(net) => {
+            format!("--trusted-proxy {net}: not an IP address or CIDR block (like 10.0.0.0/8)")
+        }
+        _ => e.to_string(),
+    })?;
     let text = match &args.config {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
@@ -127,7 +134,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .build()
             .await?;
         println!("store: redis {url}");
-        serve(&args, config, store, mode).await
+        serve(&args, config, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_cluster {
         let store = RedisStore::builder()
             .cluster(urls.clone())
@@ -135,10 +142,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .build()
             .await?;
         println!("store: redis cluster {}", urls.join(","));
-        serve(&args, config, store, mode).await
+        serve(&args, config, store, mode, proxies).await
     } else {
         println!("store: memory");
-        serve(&args, config, MemoryStore::new(), mode).await
+        serve(&args, config, MemoryStore::new(), mode, proxies).await
     }
 }
 
@@ -147,9 +154,9 @@ async fn serve<St: Store>(
     config: Config,
     store: St,
     mode: FailMode,
+    proxies: ForwardedIp,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let groups = Arc::new(config.groups().clone());
-    let proxies = ForwardedIp::new(&args.trusted_proxies)?;
     let proxies = Arc::new(if args.rfc7239 {
         proxies.rfc7239()
     } else {
