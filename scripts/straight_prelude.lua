@@ -5,7 +5,8 @@
 -- They decide exactly as prelude.lua + the algorithm's script (and
 -- counter_state.lua), on the same arguments, keys and stored state, but
 -- with every number in a local and no loop, table or function on the usual
--- path: 20-40% fewer instructions per call (BENCHMARKS.md). The store
+-- path: 44-47% fewer instructions per call for the counters (BENCHMARKS.md;
+-- the sliding log's also packs its log in one string). The store
 -- expands them from templates, scripts/straight_*.lua, once per window
 -- count (src/store/template.rs says how).
 

@@ -91,6 +91,11 @@
 //! window (a packed log's up to a quarter of that window later, at most a
 //! minute, so most writes keep it), so no key outlives its usefulness.
 
+/// The `deadpool-redis` the store takes pools of
+/// ([`RedisStoreBuilder::pool`]): build them with this one, so the
+/// versions match.
+pub use deadpool_redis;
+
 use std::future::Future;
 use std::io::Write as _;
 use std::pin::Pin;
