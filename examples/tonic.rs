@@ -13,21 +13,18 @@ use std::net::SocketAddr;
 
 use http::request::Parts;
 use tokio::net::TcpListener;
-use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
-use tower_ratelimit::identity::{Identity, IdentityError};
+use tonic::transport::server::TcpIncoming;
+use tower_ratelimit::identity::{ClientIp, Identity, IdentityError};
 use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
 
 /// The user is the `x-api-key` metadata, else the peer IP (tonic records it
-/// as `TcpConnectInfo`).
+/// as `TcpConnectInfo`, which `ClientIp`, the layer's default identity,
+/// reads with the crate's `tonic` feature).
 fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
     let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
-    let peer = head
-        .extensions
-        .get::<TcpConnectInfo>()
-        .and_then(TcpConnectInfo::remote_addr);
-    std::future::ready(match (key, peer) {
+    std::future::ready(match (key, ClientIp::peer(head)) {
         (Some(key), _) => Ok(Identity::new(key)),
-        (None, Some(peer)) => Ok(Identity::new(peer.ip().to_string())),
+        (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),
         (None, None) => Err(IdentityError::new("no api key and no peer address")),
     })
 }

@@ -63,3 +63,46 @@ async fn a_real_grpc_client_is_limited_the_grpc_way() {
     assert!(client.check(other).await.is_ok());
     server.abort();
 }
+
+/// With the `tonic` feature the default identity, the peer IP, works on a
+/// tonic server as it is (tonic records the peer as `TcpConnectInfo`):
+/// every call of one client shares one budget, and none is refused for a
+/// missing address.
+#[tokio::test]
+async fn the_default_identity_reads_the_peer_a_tonic_server_records() {
+    use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let rules = Rules::builder()
+        .route(r"^/grpc\.health\.v1\.Health/", [Rule::new().minute(2)])
+        .build()
+        .unwrap();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(RateLimitLayer::new(rules, MemoryStore::new()))
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let check = || {
+        tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        })
+    };
+    for _ in 0..2 {
+        let reply = client.check(check()).await.unwrap();
+        assert_eq!(reply.metadata().get("x-ratelimit-limit").unwrap(), "2");
+    }
+    let denied = client.check(check()).await.unwrap_err();
+    assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
+    server.abort();
+}

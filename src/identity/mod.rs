@@ -191,11 +191,13 @@ where
 
 /// The peer's IP address, in group `"default"`.
 ///
-/// Read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature;
-/// serve with `into_make_service_with_connect_info::<SocketAddr>()`; in
-/// tests, `MockConnectInfo`), or
-/// from a plain [`SocketAddr`] request extension (insert one in a hyper
-/// service). A request with neither is answered `500`: the server is
+/// Read from axum's `ConnectInfo<SocketAddr>` (with the `axum` feature,
+/// on by default; serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`; in tests,
+/// `MockConnectInfo`), from tonic's `TcpConnectInfo` (with the `tonic`
+/// feature; tonic records it on every request it serves over TCP without
+/// TLS), or from a plain [`SocketAddr`] request extension (insert one in a
+/// hyper service). A request with neither is answered `500`: the server is
 /// misconfigured, and failing loudly beats putting everyone in one budget.
 ///
 /// IPv6 peers are grouped by their /64 prefix, since one host commonly owns
@@ -222,6 +224,14 @@ impl ClientIp {
             .get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
         {
             return Some(mock.0);
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(addr) = head
+            .extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+        {
+            return Some(addr);
         }
         head.extensions.get::<SocketAddr>().copied()
     }
