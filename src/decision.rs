@@ -340,9 +340,27 @@ mod tests {
 /// gRPC status codes the layer answers with.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum GrpcStatus {
+    InvalidArgument = 3,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
+    Internal = 13,
     Unavailable = 14,
     Unauthenticated = 16,
+}
+
+impl GrpcStatus {
+    /// The gRPC answer to an identity error of HTTP `status`: 401 (the
+    /// default) is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, a server
+    /// error (such as a peer address the server did not record)
+    /// `INTERNAL`, any other client error `INVALID_ARGUMENT`.
+    pub(crate) fn of_identity_error(status: StatusCode) -> Self {
+        match status {
+            StatusCode::UNAUTHORIZED => Self::Unauthenticated,
+            StatusCode::FORBIDDEN => Self::PermissionDenied,
+            s if s.is_server_error() => Self::Internal,
+            _ => Self::InvalidArgument,
+        }
+    }
 }
 
 /// A gRPC "trailers-only" answer: HTTP 200, `grpc-status` and

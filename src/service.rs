@@ -333,7 +333,8 @@ impl<St: Store, I> Shared<St, I> {
         let response = match &self.options.on_identity_error {
             Some(f) => f(error),
             None if decision::is_grpc(&head.headers) => {
-                decision::grpc(GrpcStatus::Unauthenticated, error.message(), None)
+                let status = GrpcStatus::of_identity_error(error.status());
+                decision::grpc(status, error.message(), None)
             }
             None => decision::problem(error.status(), error.message()),
         };

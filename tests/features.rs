@@ -188,16 +188,26 @@ async fn grpc_requests_are_denied_the_grpc_way() {
     assert_eq!(denied.header("grpc-retry-pushback-ms"), Some("800"));
     assert!(denied.body.is_empty());
     assert_eq!(app.inner_calls(), 1);
-    // An identity failure is UNAUTHENTICATED.
-    let anonymous = Request::builder()
-        .uri("/a")
-        .header("content-type", "application/grpc")
-        .body(Body::empty())
-        .unwrap();
-    assert_eq!(
-        app.send_request(anonymous).await.header("grpc-status"),
-        Some("16")
-    );
+    // An identity failure is UNAUTHENTICATED (401, the default), or what
+    // the identity's status says: 403 PERMISSION_DENIED, a server error
+    // INTERNAL, another client error INVALID_ARGUMENT.
+    for (status, grpc) in [
+        (None, "16"),
+        (Some("403"), "7"),
+        (Some("500"), "13"),
+        (Some("400"), "3"),
+    ] {
+        let mut anonymous = Request::builder()
+            .uri("/a")
+            .header("content-type", "application/grpc");
+        if let Some(status) = status {
+            anonymous = anonymous.header("x-fail-status", status);
+        }
+        let reply = app
+            .send_request(anonymous.body(Body::empty()).unwrap())
+            .await;
+        assert_eq!(reply.header("grpc-status"), Some(grpc), "{status:?}");
+    }
 }
 
 #[tokio::test]

@@ -48,8 +48,8 @@ impl Reply {
     }
 }
 
-/// Identity for tests: user from `x-user` (missing: 401), group from
-/// `x-group` (default "default").
+/// Identity for tests: user from `x-user` (missing: an error, 401 or the
+/// status in `x-fail-status`), group from `x-group` (default "default").
 pub fn header_identity(
     head: &Parts,
 ) -> impl std::future::Future<Output = Result<Identity, IdentityError>> + Send + 'static {
@@ -63,8 +63,14 @@ pub fn header_identity(
         .get("x-group")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let fail_status = head
+        .headers
+        .get("x-fail-status")
+        .and_then(|v| http::StatusCode::from_bytes(v.as_bytes()).ok())
+        .unwrap_or(http::StatusCode::UNAUTHORIZED);
     async move {
-        let user = user.ok_or_else(|| IdentityError::new("missing x-user"))?;
+        let user =
+            user.ok_or_else(|| IdentityError::new("missing x-user").with_status(fail_status))?;
         let identity = Identity::new(user);
         Ok(match group {
             Some(g) => identity.with_group(g),
