@@ -1,7 +1,8 @@
 //! The fault matrix: every failure mode of a real `redis-server` × every
-//! fail mode. For each: no request may wait past the deadline (plus
-//! scheduling slack), decisions made while Redis is healthy are exact, and
-//! limiting on Redis resumes by itself once the fault ends. Run with
+//! fail mode (and, in one fail mode, through a caller's deadpool pool).
+//! For each: no request may wait past the deadline (plus scheduling
+//! slack), decisions made while Redis is healthy are exact, and limiting
+//! on Redis resumes by itself once the fault ends. Run with
 //! `--nocapture` to see the measured figures (RELIABILITY.md).
 
 mod support;
@@ -97,10 +98,25 @@ async fn app_on(store: tower_ratelimit::store::redis::RedisStoreBuilder, mode: F
     App::on_store_clock(rules, store, |l| l.fail_mode(mode).denial_cache(0))
 }
 
-async fn run(fault: Fault, mode: FailMode) {
+/// The store's own connection, or a caller's pool: which one a fault hits.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Own,
+    Pool,
+}
+
+async fn run(fault: Fault, mode: FailMode, shape: Shape) {
     // DEBUG SLEEP needs the debug command, from local clients only.
     let mut server = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let app = app_on(RedisStore::builder().url(server.url()), mode).await;
+    let builder = match shape {
+        Shape::Own => RedisStore::builder().url(server.url()),
+        Shape::Pool => RedisStore::builder().pool(
+            deadpool_redis::Config::from_url(server.url())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .unwrap(),
+        ),
+    };
+    let app = app_on(builder, mode).await;
 
     // Healthy: exact.
     let healthy: Vec<StatusCode> = {
@@ -169,7 +185,7 @@ async fn run(fault: Fault, mode: FailMode) {
     for (i, got) in statuses.iter().enumerate().skip(1) {
         assert_eq!(
             *got, expected,
-            "{fault:?}/{mode:?} request {i}: {statuses:?}"
+            "{fault:?}/{mode:?}/{shape:?} request {i}: {statuses:?}"
         );
     }
 
@@ -198,7 +214,7 @@ async fn run(fault: Fault, mode: FailMode) {
         }
         assert!(
             recovering.elapsed() < Duration::from_secs(5),
-            "{fault:?}/{mode:?}: limiting never resumed"
+            "{fault:?}/{mode:?}/{shape:?}: limiting never resumed"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -211,7 +227,7 @@ async fn run(fault: Fault, mode: FailMode) {
         StatusCode::TOO_MANY_REQUESTS
     );
     println!(
-        "FAULT {fault:?} / {mode:?}: late {late} of {} requests, slowest {:.1} ms, resumed on Redis after {:.0} ms",
+        "FAULT {fault:?} / {mode:?} / {shape:?}: late {late} of {} requests, slowest {:.1} ms, resumed on Redis after {:.0} ms",
         10 + background,
         worst.as_secs_f64() * 1e3,
         resumed.as_secs_f64() * 1e3
@@ -223,52 +239,65 @@ async fn run(fault: Fault, mode: FailMode) {
 }
 
 macro_rules! matrix {
-    ($($name:ident: $fault:expr, $mode:expr;)+) => {
+    ($($name:ident: $fault:expr, $mode:expr, $shape:expr;)+) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                run($fault, $mode).await;
+                run($fault, $mode, $shape).await;
             }
         )+
     };
 }
 
 macro_rules! matrix_failover {
-    ($($name:ident: $mode:expr;)+) => {
+    ($($name:ident: $mode:expr, $shape:expr;)+) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                failover($mode).await;
+                failover($mode, $shape).await;
             }
         )+
     };
 }
 
 matrix! {
-    killed_open: Fault::Killed, FailMode::Open;
-    killed_closed: Fault::Killed, FailMode::Closed;
-    killed_fallback: Fault::Killed, FailMode::Fallback;
-    paused_open: Fault::Paused, FailMode::Open;
-    paused_closed: Fault::Paused, FailMode::Closed;
-    paused_fallback: Fault::Paused, FailMode::Fallback;
-    slow_open: Fault::Slow, FailMode::Open;
-    slow_closed: Fault::Slow, FailMode::Closed;
-    slow_fallback: Fault::Slow, FailMode::Fallback;
-    script_flush_open: Fault::ScriptFlush, FailMode::Open;
-    script_flush_closed: Fault::ScriptFlush, FailMode::Closed;
-    script_flush_fallback: Fault::ScriptFlush, FailMode::Fallback;
-    max_clients_open: Fault::MaxClients, FailMode::Open;
-    max_clients_closed: Fault::MaxClients, FailMode::Closed;
-    max_clients_fallback: Fault::MaxClients, FailMode::Fallback;
+    killed_open: Fault::Killed, FailMode::Open, Shape::Own;
+    killed_closed: Fault::Killed, FailMode::Closed, Shape::Own;
+    killed_fallback: Fault::Killed, FailMode::Fallback, Shape::Own;
+    paused_open: Fault::Paused, FailMode::Open, Shape::Own;
+    paused_closed: Fault::Paused, FailMode::Closed, Shape::Own;
+    paused_fallback: Fault::Paused, FailMode::Fallback, Shape::Own;
+    slow_open: Fault::Slow, FailMode::Open, Shape::Own;
+    slow_closed: Fault::Slow, FailMode::Closed, Shape::Own;
+    slow_fallback: Fault::Slow, FailMode::Fallback, Shape::Own;
+    script_flush_open: Fault::ScriptFlush, FailMode::Open, Shape::Own;
+    script_flush_closed: Fault::ScriptFlush, FailMode::Closed, Shape::Own;
+    script_flush_fallback: Fault::ScriptFlush, FailMode::Fallback, Shape::Own;
+    max_clients_open: Fault::MaxClients, FailMode::Open, Shape::Own;
+    max_clients_closed: Fault::MaxClients, FailMode::Closed, Shape::Own;
+    max_clients_fallback: Fault::MaxClients, FailMode::Fallback, Shape::Own;
+    pool_killed_open: Fault::Killed, FailMode::Open, Shape::Pool;
+    pool_paused_open: Fault::Paused, FailMode::Open, Shape::Pool;
+    pool_slow_open: Fault::Slow, FailMode::Open, Shape::Pool;
+    pool_script_flush_open: Fault::ScriptFlush, FailMode::Open, Shape::Pool;
+    pool_max_clients_open: Fault::MaxClients, FailMode::Open, Shape::Pool;
 }
 
 /// A Cluster master killed, its replica promoted (`CLUSTER FAILOVER
 /// TAKEOVER`): no request waits past the deadline, and limiting resumes on
 /// the new master by itself, in every fail mode.
-async fn failover(mode: FailMode) {
+async fn failover(mode: FailMode, shape: Shape) {
     use support::redis_server::RedisCluster;
     let mut cluster = RedisCluster::start_with_replicas();
-    let app = app_on(RedisStore::builder().cluster(cluster.urls()), mode).await;
+    let builder = match shape {
+        Shape::Own => RedisStore::builder().cluster(cluster.urls()),
+        Shape::Pool => RedisStore::builder().cluster_pool(
+            deadpool_redis::cluster::Config::from_urls(cluster.urls())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .unwrap(),
+        ),
+    };
+    let app = app_on(builder, mode).await;
     assert_eq!(app.get("/x", "victim").await.status, StatusCode::OK);
     // Find the slot of the user's key, and the master that serves it.
     let key = cluster
@@ -312,7 +341,7 @@ async fn failover(mode: FailMode) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     println!(
-        "FAULT ClusterFailover / {mode:?}: late {late}, slowest {:.1} ms, resumed on the new master after {:.0} ms",
+        "FAULT ClusterFailover / {mode:?} / {shape:?}: late {late}, slowest {:.1} ms, resumed on the new master after {:.0} ms",
         worst.as_secs_f64() * 1e3,
         resumed.as_secs_f64() * 1e3
     );
@@ -335,9 +364,10 @@ async fn failover(mode: FailMode) {
 }
 
 matrix_failover! {
-    cluster_failover_open: FailMode::Open;
-    cluster_failover_closed: FailMode::Closed;
-    cluster_failover_fallback: FailMode::Fallback;
+    cluster_failover_open: FailMode::Open, Shape::Own;
+    cluster_failover_closed: FailMode::Closed, Shape::Own;
+    cluster_failover_fallback: FailMode::Fallback, Shape::Own;
+    cluster_pool_failover_open: FailMode::Open, Shape::Pool;
 }
 
 /// One slow reply is not a dead connection: the request it delays gets the
