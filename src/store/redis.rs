@@ -555,7 +555,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         script: &Script,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
-        let mut conn = self.get().ok_or_else(not_connected)?;
+        let Some(mut conn) = self.get() else {
+            // (No connection and, it may be, no loop making one: a loop that
+            // made one ends a moment after, and a check that saw it break
+            // in that moment could not start another. One atomic swap when
+            // a loop is running.)
+            self.reconnect();
+            return Err(not_connected());
+        };
         let started = Instant::now();
         let result = match cmd.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
@@ -1104,7 +1111,7 @@ impl RedisStoreBuilder {
     /// [`connect_timeout`](Self::connect_timeout) fails and is tried again.
     ///
     /// ```no_run
-    /// use tower_ratelimit::store::redis::RedisStore;
+    /// use tower_ratelimit::store::redis::{deadpool_redis, RedisStore};
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
@@ -1119,9 +1126,9 @@ impl RedisStoreBuilder {
     }
 
     /// A `deadpool-redis` cluster pool owned by the caller; one of its
-    /// connections is kept checked out, as with [`pool`](Self::pool). (The
-    /// store gives a broken one back before it checks out another, so it
-    /// never holds two, though a Cluster client may heal by itself.)
+    /// connections is kept checked out, as with [`pool`](Self::pool). (A
+    /// broken one is given back, not kept beside its replacement, though a
+    /// Cluster client may heal by itself.)
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::ClusterPool(pool));
         self
@@ -1162,7 +1169,7 @@ impl RedisStoreBuilder {
         let response_timeout = self.timeout;
         let connect_timeout = self.connect_timeout;
         // (Loading the scripts on a new connection: a few dozen round trips.)
-        let load_timeout = connect_timeout * 4;
+        let load_timeout = connect_timeout.saturating_mul(4);
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
             Some(Target::Url(url)) => {
@@ -1195,14 +1202,17 @@ impl RedisStoreBuilder {
                 let connect: Connect<ClusterConnection> = Box::new(move || {
                     let client = client.clone();
                     Box::pin(async move {
-                        tokio::time::timeout(connect_timeout * 4, client.get_async_connection())
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(RedisError::from(std::io::Error::new(
-                                    std::io::ErrorKind::TimedOut,
-                                    "cluster connection timed out",
-                                )))
-                            })
+                        tokio::time::timeout(
+                            connect_timeout.saturating_mul(4),
+                            client.get_async_connection(),
+                        )
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(RedisError::from(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "cluster connection timed out",
+                            )))
+                        })
                     })
                 });
                 Backend::Cluster(
@@ -1218,8 +1228,9 @@ impl RedisStoreBuilder {
             }
             // (A pool's connections multiplex: the store keeps one checked
             // out, see `Held`. A broken one, even a Cluster client's, which
-            // would heal, is given back before another is checked out: the
-            // store never holds two of the pool's connections.)
+            // would heal, is dropped as another is checked out: it goes back
+            // to the pool once the checks still on it end, within the
+            // store's deadline; two are held for that long at most.)
             Some(Target::Pool(pool)) => {
                 let get = move || -> BoxFuture<_> {
                     let pool = pool.clone();
@@ -1263,6 +1274,37 @@ mod tests {
         numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
     }
 
+    /// A check that finds no connection and no reconnect loop running (one
+    /// that ended just as its new connection broke) starts one.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_without_a_connection_starts_a_reconnect() {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let counted = attempts.clone();
+        let connect: Connect<MultiplexedConnection> = Box::new(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async {
+                Err(io_error(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "down".to_owned(),
+                ))
+            })
+        });
+        // (Not launched: no connection, no loop.)
+        let lazy = Lazy::new(
+            connect,
+            true,
+            Arc::new(Scripts::new()),
+            Duration::from_secs(2),
+        );
+        let script = Script::new("return 1");
+        let reply = lazy
+            .invoke(&redis::cmd("PING"), &script, Duration::from_millis(50))
+            .await;
+        assert!(reply.is_err_and(|e| e.kind() == StoreErrorKind::Unavailable));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(attempts.load(Ordering::Relaxed), 1);
+    }
+
     /// A store dropped while Redis is unreachable stops trying to connect
     /// (its loop held no reference to it while waiting), and a store
     /// kept keeps trying, every 500 ms at most.
@@ -1289,9 +1331,10 @@ mod tests {
         .await;
         assert!(lazy.get().is_none());
         tokio::time::sleep(Duration::from_secs(5)).await;
-        // 50, 100, 200, 400 ms, then every 500 ms: about 12 in 5 s.
+        // At 0 (launch), 0, 50, 150, 350 and 750 ms, then every 500 ms to
+        // 4,750: 14 in 5 s.
         let kept = attempts.load(Ordering::Relaxed);
-        assert!((10..=14).contains(&kept), "{kept} attempts");
+        assert_eq!(kept, 14);
         drop(lazy);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(attempts.load(Ordering::Relaxed), kept);
