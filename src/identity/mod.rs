@@ -303,12 +303,11 @@ pub(crate) fn no_peer() -> IdentityError {
     IdentityError::new(NO_PEER).with_status(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-#[cfg(feature = "axum")]
-const NO_PEER: &str = "the server did not record the peer address (serve with ConnectInfo: \
-     into_make_service_with_connect_info::<SocketAddr>(), or insert a SocketAddr extension)";
-#[cfg(not(feature = "axum"))]
-const NO_PEER: &str = "the server did not record the peer address (insert a SocketAddr \
-     extension; under axum, tower-ratelimit's `axum` feature reads ConnectInfo)";
+/// (One text whatever the features: the server's kind is unknown here.)
+const NO_PEER: &str = "the server did not record the peer address: under axum, serve with \
+     ConnectInfo (into_make_service_with_connect_info::<SocketAddr>(), tower-ratelimit's \
+     `axum` feature); under tonic over TCP without TLS, enable tower-ratelimit's `tonic` \
+     feature; otherwise insert the peer's SocketAddr as a request extension";
 
 impl Identify for ClientIp {
     ready_identity!();
