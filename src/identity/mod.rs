@@ -53,11 +53,30 @@ pub struct Identity {
     group: Cow<'static, str>,
 }
 
-/// A user's bytes: inline when short (IP addresses: no allocation).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A user's bytes: inline when short (IP addresses, and short users given
+/// by reference: no allocation).
+#[derive(Clone, Debug)]
 enum User {
     Inline(ArrayVec<u8, 46>),
     Heap(Vec<u8>),
+}
+
+/// (The same bytes are the same user, wherever they are kept.)
+impl PartialEq for User {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for User {}
+
+impl User {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            User::Inline(bytes) => bytes,
+            User::Heap(bytes) => bytes,
+        }
+    }
 }
 
 impl Identity {
@@ -65,6 +84,26 @@ impl Identity {
     pub fn new(user: impl Into<Vec<u8>>) -> Self {
         Self {
             user: User::Heap(user.into()),
+            group: Cow::Borrowed(DEFAULT_GROUP),
+        }
+    }
+
+    /// The user `user`, copied, in group `"default"`: kept inline, with no
+    /// allocation, when at most 46 bytes long (an API key, a user id, a
+    /// header's value), else on the heap.
+    ///
+    /// ```
+    /// use tower_ratelimit::identity::Identity;
+    ///
+    /// let key = b"api-key-0123456789";
+    /// assert_eq!(Identity::from_slice(key), Identity::new(&key[..]));
+    /// ```
+    pub fn from_slice(user: &[u8]) -> Self {
+        Self {
+            user: match ArrayVec::try_from(user) {
+                Ok(inline) => User::Inline(inline),
+                Err(_) => User::Heap(user.to_vec()),
+            },
             group: Cow::Borrowed(DEFAULT_GROUP),
         }
     }
@@ -88,10 +127,7 @@ impl Identity {
 
     /// The user: any bytes.
     pub fn user(&self) -> &[u8] {
-        match &self.user {
-            User::Inline(bytes) => bytes,
-            User::Heap(bytes) => bytes,
-        }
+        self.user.bytes()
     }
 
     /// The group.
@@ -332,7 +368,7 @@ impl Identify for HeaderValue {
 
     fn identify(&self, head: &Parts) -> Self::Future {
         ready(match head.headers.get(&self.name) {
-            Some(value) => Ok(Identity::new(value.as_bytes())),
+            Some(value) => Ok(Identity::from_slice(value.as_bytes())),
             None => Err(IdentityError::new(format!(
                 "missing `{}` header",
                 self.name
@@ -347,7 +383,7 @@ pub struct Global;
 
 impl Global {
     fn decide(&self, _head: &Parts) -> Result<Identity, IdentityError> {
-        Ok(Identity::new(&b"*"[..]))
+        Ok(Identity::from_slice(b"*"))
     }
 }
 
@@ -359,6 +395,19 @@ impl Identify for Global {
 mod tests {
     use super::*;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn short_users_given_by_reference_are_kept_inline() {
+        let short = Identity::from_slice(&[7; 46]);
+        assert!(matches!(short.user, User::Inline(_)));
+        assert_eq!(short.user(), &[7; 46][..]);
+        let long = Identity::from_slice(&[7; 47]);
+        assert!(matches!(long.user, User::Heap(_)));
+        assert_eq!(long.user(), &[7; 47][..]);
+        // The same bytes are the same user, inline or not.
+        assert_eq!(Identity::from_slice(b"abc"), Identity::new("abc"));
+        assert_ne!(Identity::from_slice(b"abc"), Identity::new("abd"));
+    }
 
     #[test]
     fn ip_users_are_written_as_display_writes_them() {
