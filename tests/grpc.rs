@@ -8,21 +8,31 @@ use tonic::Code;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-#[tokio::test]
-async fn a_real_grpc_client_is_limited_the_grpc_way() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(example::serve(listener));
+/// A tonic client of the health service at `addr`.
+async fn client(addr: std::net::SocketAddr) -> HealthClient<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let mut client = HealthClient::new(channel);
+    HealthClient::new(channel)
+}
+
+/// A health check of the whole server.
+fn health_check() -> tonic::Request<HealthCheckRequest> {
+    tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    })
+}
+
+#[tokio::test]
+async fn a_real_grpc_client_is_limited_the_grpc_way() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(example::serve(listener));
+    let mut client = client(addr).await;
     let check = || {
-        let mut request = tonic::Request::new(HealthCheckRequest {
-            service: String::new(),
-        });
+        let mut request = health_check();
         request
             .metadata_mut()
             .insert("x-api-key", "alice".parse().unwrap());
@@ -54,9 +64,7 @@ async fn a_real_grpc_client_is_limited_the_grpc_way() {
         .unwrap();
     assert!((1..=1000).contains(&pushback), "{pushback}");
     // Another caller has its own budget; the connection is still healthy.
-    let mut other = tonic::Request::new(HealthCheckRequest {
-        service: String::new(),
-    });
+    let mut other = health_check();
     other
         .metadata_mut()
         .insert("x-api-key", "bob".parse().unwrap());
@@ -87,22 +95,12 @@ async fn the_default_identity_reads_the_peer_a_tonic_server_records() {
             .add_service(health)
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
     );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
-    let check = || {
-        tonic::Request::new(HealthCheckRequest {
-            service: String::new(),
-        })
-    };
+    let mut client = client(addr).await;
     for _ in 0..2 {
-        let reply = client.check(check()).await.unwrap();
+        let reply = client.check(health_check()).await.unwrap();
         assert_eq!(reply.metadata().get("x-ratelimit-limit").unwrap(), "2");
     }
-    let denied = client.check(check()).await.unwrap_err();
+    let denied = client.check(health_check()).await.unwrap_err();
     assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
     server.abort();
 }

@@ -1274,21 +1274,25 @@ mod tests {
         numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
     }
 
-    /// A check that finds no connection and no reconnect loop running (one
-    /// that ended just as its new connection broke) starts one.
-    #[tokio::test(start_paused = true)]
-    async fn a_check_without_a_connection_starts_a_reconnect() {
-        let attempts = Arc::new(AtomicU32::new(0));
-        let counted = attempts.clone();
-        let connect: Connect<MultiplexedConnection> = Box::new(move || {
-            counted.fetch_add(1, Ordering::Relaxed);
+    /// A connection that is always refused, counting its attempts.
+    fn refused(attempts: Arc<AtomicU32>) -> Connect<MultiplexedConnection> {
+        Box::new(move || {
+            attempts.fetch_add(1, Ordering::Relaxed);
             Box::pin(async {
                 Err(io_error(
                     std::io::ErrorKind::ConnectionRefused,
                     "down".to_owned(),
                 ))
             })
-        });
+        })
+    }
+
+    /// A check that finds no connection and no reconnect loop running (one
+    /// that ended just as its new connection broke) starts one.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_without_a_connection_starts_a_reconnect() {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let connect = refused(attempts.clone());
         // (Not launched: no connection, no loop.)
         let lazy = Lazy::new(
             connect,
@@ -1311,16 +1315,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_reconnect_loop_ends_with_the_store() {
         let attempts = Arc::new(AtomicU32::new(0));
-        let counted = attempts.clone();
-        let connect: Connect<MultiplexedConnection> = Box::new(move || {
-            counted.fetch_add(1, Ordering::Relaxed);
-            Box::pin(async {
-                Err(io_error(
-                    std::io::ErrorKind::ConnectionRefused,
-                    "down".to_owned(),
-                ))
-            })
-        });
+        let connect = refused(attempts.clone());
         let lazy = Lazy::launch(
             connect,
             true,
