@@ -11,10 +11,11 @@
 --            now in microseconds (negative: use the server's clock, TIME),
 --            cost of the request,
 --            block time in microseconds (0 for none),
---            number of user windows UN, number of route-wide windows GN,
+--            number of user windows UN, number of route-wide windows GN
+--            (not for the straight-line scripts, straight_prelude.lua),
 --            then (length us, limit) of every window: the user's, shortest
---            first, then the route's, shortest first; then a fingerprint of
---            the user's windows (only the packed sliding log reads it).
+--            first, then the route's, shortest first; then, for the
+--            packed sliding log alone, a fingerprint of the user's windows.
 --
 -- Reply: one string of little-endian signed 64-bit integers, packed like
 -- ARGV[1] (one bulk string is cheaper for Redis to write and for the client

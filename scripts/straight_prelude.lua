@@ -10,8 +10,9 @@
 -- expands them from templates, scripts/straight_*.lua, once per window
 -- count (src/store/template.rs says how).
 
-local now, cost, block, _, _, $each(, ){d@, n@}$ARGFP =
-  struct.unpack('<i8i8i8i8i8$each(){i8i8}$ARGFMT', ARGV[1])
+-- (ARGV[1] as prelude.lua reads it, without the two window counts.)
+local now, cost, block, $each(, ){d@, n@}$ARGFP =
+  struct.unpack('<i8i8i8$each(){i8i8}$ARGFMT', ARGV[1])
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
   local t = redis.call('TIME')

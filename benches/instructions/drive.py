@@ -1,9 +1,13 @@
 """Sends N EVALSHA calls of one script to a Redis on PORT (see run.sh).
 
-    python drive.py <port> <sha> <calls> <users> <store|per-window> [<first> <rate>]
+    python drive.py <port> <sha> <calls> <users> <store|counter|general|per-window> [<first> <rate>]
 
-`store`: the store's layout (the state key (no block key without a block time), the packed numbers of a
-3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of 1,000,000, a fingerprint).
+`store`: the store's layout for a straight-line script (the state key (no block key without a
+block time), the packed numbers of a 3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of
+1,000,000, a fingerprint).
+`counter`: the same without the fingerprint (only the sliding log reads it).
+`general`: the same for the general scripts (the window counts after the block time, no
+fingerprint).
 `per-window`: scripts/per_window_baseline.lua's (one key per window).
 Users are drawn from a fixed seed, so every run sends the same calls.
 
@@ -24,16 +28,25 @@ port, sha, calls, users, layout = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3
 first, rate = (int(sys.argv[6]), int(sys.argv[7])) if len(sys.argv) > 7 else (0, 0)
 windows = [(1_000_000, 1_000_000), (60_000_000, 1_000_000), (3_600_000_000, 1_000_000)]
 flat = [x for w in windows for x in w]
-# (Then the windows' fingerprint: any odd number, the same for every call.)
-packed = struct.pack("<" + "q" * 12, -1, 1, 0, len(windows), 0, *flat, 12345)
+
+
+def numbers(now):
+    if layout == "general":
+        return struct.pack("<" + "q" * 11, now, 1, 0, len(windows), 0, *flat)
+    if layout == "counter":
+        return struct.pack("<" + "q" * 9, now, 1, 0, *flat)
+    # (Then the windows' fingerprint: any odd number, the same for every call.)
+    return struct.pack("<" + "q" * 10, now, 1, 0, *flat, 12345)
+
+
+packed = numbers(-1)
 rng = random.Random(1 + first)
 pipe = redis.Redis(port=port).pipeline(transaction=False)
 for i in range(first, first + calls):
     u = rng.randrange(users)
     if rate:
         # (Any fixed epoch: the script's clock is the argument's.)
-        now = 1_700_000_000_000_000 + i * 1_000_000 // rate
-        packed = struct.pack("<" + "q" * 12, now, 1, 0, len(windows), 0, *flat, 12345)
+        packed = numbers(1_700_000_000_000_000 + i * 1_000_000 // rate)
     if layout == "per-window":
         pipe.evalsha(sha, 3, f"pw:{{{u}}}:1", f"pw:{{{u}}}:2", f"pw:{{{u}}}:3", "", 1, *flat)
     else:

@@ -24,10 +24,12 @@ cargo build -q --release --example lua
 for algorithm in ${ALGORITHMS:-sliding_log}; do
   name=${algorithm//_/-}
   target/release/examples/lua "$name" 3 > "$work/$algorithm.lua"
-  specs+=("store:$work/$algorithm.lua")
+  layout=store
+  [ "$algorithm" = sliding_log ] || layout=counter
+  specs+=("$layout:$work/$algorithm.lua")
   if [ -n "${GENERAL:-}" ]; then
     target/release/examples/lua "$name" 3 --general > "$work/$algorithm-general.lua"
-    specs+=("store:$work/$algorithm-general.lua")
+    specs+=("general:$work/$algorithm-general.lua")
   fi
 done
 specs+=(per-window:scripts/per_window_baseline.lua)

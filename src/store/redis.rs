@@ -883,10 +883,13 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// (parsing a dozen decimal strings was a sixth of the script's CPU).
 ///
 /// In order: now in microseconds (`-1`: the server's `TIME`), cost, block
-/// time in microseconds (`0`: none), the user's window count, the
-/// route-wide window count, the (length in microseconds, limit) pairs
-/// of the user's windows and of the route-wide ones, then a fingerprint of
-/// the user's windows (the packed sliding log keeps it with its hints).
+/// time in microseconds (`0`: none), the user's window count and the
+/// route-wide window count (only for the general scripts: a straight-line
+/// script, see [`straight_lua`], is made for its window count, and every
+/// number it unpacks costs Redis about 300 instructions), the (length in
+/// microseconds, limit) pairs of the user's windows and of the route-wide
+/// ones, then, for the straight-line sliding log alone, a fingerprint of the
+/// user's windows (it keeps it with its hints).
 ///
 /// ```
 /// use std::time::Duration;
@@ -894,13 +897,22 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// use tower_ratelimit::Window;
 ///
 /// let window = Window::new(Duration::from_secs(1), 10)?;
-/// let args = script_args(&Check::new("api:alice", vec![window]));
-/// let numbers: Vec<i64> = args
-///     .chunks(8)
-///     .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-///     .collect();
-/// assert_eq!(numbers[..7], [-1, 1, 0, 1, 0, 1_000_000, 10]);
-/// assert_eq!(numbers.len(), 8);
+/// let numbers = |args: Vec<u8>| -> Vec<i64> {
+///     args.chunks(8)
+///         .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+///         .collect()
+/// };
+/// // One window, no route-wide ones: a straight-line script's arguments.
+/// let straight = numbers(script_args(&Check::new("api:alice", vec![window])));
+/// assert_eq!(straight[..5], [-1, 1, 0, 1_000_000, 10]);
+/// assert_eq!(straight.len(), 6);
+/// // Six windows (1 to 6 s): the general script's, with the window counts.
+/// let six = (1..=6)
+///     .map(|s| Window::new(Duration::from_secs(s), 10))
+///     .collect::<Result<Vec<_>, _>>()?;
+/// let general = numbers(script_args(&Check::new("api:alice", six)));
+/// assert_eq!(general[..7], [-1, 1, 0, 6, 0, 1_000_000, 10]);
+/// assert_eq!(general.len(), 5 + 2 * 6);
 /// # Ok::<(), tower_ratelimit::ConfigError>(())
 /// ```
 pub fn script_args(check: &Check) -> Vec<u8> {
@@ -912,7 +924,15 @@ pub fn script_args(check: &Check) -> Vec<u8> {
 /// The length of a check's [`script_args`].
 fn args_len(check: &Check) -> usize {
     let global = check.global.as_ref().map_or(0, |g| g.windows.len());
-    8 * (6 + 2 * (check.windows.len() + global))
+    let counts = if straight(check) { 0 } else { 2 };
+    let fingerprint = usize::from(packed_log(check));
+    8 * (3 + counts + fingerprint + 2 * (check.windows.len() + global))
+}
+
+/// Whether a check runs the packed sliding log (the straight-line sliding
+/// log), the one script that reads the windows' fingerprint.
+fn packed_log(check: &Check) -> bool {
+    check.algorithm == Algorithm::SlidingLog && straight(check)
 }
 
 /// Each number of a check's [`script_args`], in order.
@@ -923,13 +943,19 @@ fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
     push(saturating_i64(
         check.block.map_or(0, crate::clock::duration_micros),
     ));
-    push(saturating_i64(check.windows.len() as u64));
-    push(saturating_i64(global_windows.len() as u64));
+    // (A straight-line script is made for its window count, and has no
+    // route-wide windows: it is not told them.)
+    if !straight(check) {
+        push(saturating_i64(check.windows.len() as u64));
+        push(saturating_i64(global_windows.len() as u64));
+    }
     for w in check.windows.iter().chain(global_windows) {
         push(saturating_i64(w.micros()));
         push(i64::from(w.limit()));
     }
-    push(windows_fingerprint(&check.windows));
+    if packed_log(check) {
+        push(windows_fingerprint(&check.windows));
+    }
 }
 
 /// The fingerprint of a budget's windows (their number and lengths): the
