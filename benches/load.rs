@@ -135,9 +135,10 @@ async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) ->
     // time, no route-wide windows).
     inv.key(format!("ceil:{{r:{user}}}:l")).arg(&c.args[..]);
     let mut conn = c.conn.clone();
-    // (The reply is packed little-endian i64s; the first is "allowed".)
+    // (The reply is packed little-endian i64s: 4 when the script allowed
+    // the request (reset, then the remaining of each window), 7 when not.)
     match inv.invoke_async::<Vec<u8>>(&mut conn).await {
-        Ok(reply) if reply.first() == Some(&1) => next.run(request).await,
+        Ok(reply) if reply.len() == 32 => next.run(request).await,
         Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }

@@ -303,4 +303,10 @@ if r@ < least then
   if c@ > 0 and o@ then reset = o@ + d@ - now end
 end
 --$end
+if allowed == 1 then
+  -- Allowed (no wait, not blocked): reset and the remaining alone, three
+  -- numbers fewer to pack (about 1.2k instructions); the store tells the
+  -- two forms by their length.
+  return struct.pack('<i8$each(){i8}', reset, $each(, ){r@})
+end
 return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})

@@ -1007,16 +1007,23 @@ fn words(reply: &[u8]) -> impl Iterator<Item = i64> + '_ {
 
 /// A general script's reply (and a straight-line sliding log's; see
 /// `scripts/prelude.lua`): allowed, retry (µs), reset (µs), blocked, then
-/// the remaining of every window.
+/// the remaining of every window. The straight-line sliding log answers an
+/// allowed check with reset and the remaining alone (allowed, no wait, not
+/// blocked: three numbers it need not pack).
 fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
     let global = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
     let count = check.windows.len() + global.len();
-    if reply.len() != 8 * (4 + count) {
+    let allowed_only = packed_log(check) && reply.len() == 8 * (1 + count);
+    if !allowed_only && reply.len() != 8 * (4 + count) {
         return Err(unexpected(reply));
     }
     let mut numbers = words(reply);
     let mut next = || numbers.next().unwrap_or(0);
-    let (allowed, retry, reset, blocked) = (next(), next(), next(), next());
+    let (allowed, retry, reset, blocked) = if allowed_only {
+        (1, 0, next(), 0)
+    } else {
+        (next(), next(), next(), next())
+    };
     let windows = check.windows.iter().chain(global);
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
     if blocked == 1 {
@@ -1396,6 +1403,17 @@ mod tests {
         let blocked = decode(&check, &packed(&[0, 5_000_000, 5_000_000, 1, 0, 0])).unwrap();
         assert!(!blocked.allowed());
         assert_eq!(blocked.retry_after(), Some(Duration::from_secs(5)));
+        // The packed sliding log's allowed form, reset and the remaining
+        // alone, decodes as the full one does.
+        let short = decode(&check, &packed(&[250_000, 9, 4])).unwrap();
+        assert_eq!(format!("{short:?}"), format!("{decision:?}"));
+        // Only that script answers so: a general script's check (here, with
+        // a block time on a counter algorithm) takes the full form alone.
+        let general = check
+            .clone()
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_block(Duration::from_secs(1));
+        assert!(decode(&general, &packed(&[250_000, 9, 4])).is_err());
     }
 
     #[test]
