@@ -7,9 +7,16 @@
   -- it was saved with still holds, and KEEPTTL spares Redis the expiry
   -- update (4.4k of the 11k instructions of SET ... PX). Only on the
   -- server's clock: an injected clock's TTLs are padded and run on another
-  -- clock.
+  -- clock. A stored state of the same length (the usual case: the same
+  -- number of windows) is overwritten in place, which keeps the TTL too and
+  -- costs Redis about 1.5k instructions less than SET ... KEEPTTL; one of
+  -- another length is replaced whole (SETRANGE would leave its tail).
   if expires == before and ttl_pad == 0 then
-    redis.call('SET', key, state, 'KEEPTTL')
+    if raw and #raw == #state then
+      redis.call('SETRANGE', key, '0', state)
+    else
+      redis.call('SET', key, state, 'KEEPTTL')
+    end
   else
     local ms = expires - now - 1
     ms = (ms - ms % 1000) / 1000 + 1

@@ -660,6 +660,50 @@ async fn changed_windows_keep_the_state_of_the_windows_they_keep() {
     }
 }
 
+/// On the server's clock, a counter state whose TTL still holds is saved
+/// without touching it: overwritten in place when it keeps its length,
+/// replaced whole when the rule's window count changed (an in-place write
+/// would leave the old layout's tail, which the next check would read as
+/// windows of its own). The counts of the windows kept go on either way.
+#[tokio::test]
+async fn a_counter_state_is_written_in_place_only_when_it_keeps_its_length() {
+    use tower_ratelimit::store::{Check, Store};
+    use tower_ratelimit::Window;
+    let server = RedisServer::start();
+    let store = own_store(&server).await;
+    let w = |secs, limit| Window::new(Duration::from_secs(secs), limit).unwrap();
+    let (minute, hour, day) = (w(60, 100), w(3600, 1000), w(86_400, 10_000));
+    let five = vec![w(1, 10), minute, hour, day, w(7 * 86_400, 100_000)];
+    let three = vec![minute, hour, day];
+    let check = |windows: &Vec<Window>| {
+        Check::new("shrunk", windows.clone()).with_algorithm(Algorithm::FixedWindow)
+    };
+    let remaining = |d: &tower_ratelimit::Decision| -> Vec<u32> {
+        d.windows().iter().map(|s| s.remaining).collect()
+    };
+    let first = store.check(check(&five)).await.unwrap();
+    assert_eq!(remaining(&first), [9, 99, 999, 9_999, 99_999]);
+    let key = server.cli(&["--scan", "--pattern", "*shrunk*"]);
+    let key = key.trim().to_owned();
+    let strlen = || server.cli(&["strlen", &key]);
+    // Three numbers per window.
+    assert_eq!(strlen(), (8 * 3 * 5).to_string());
+    // Three of the five windows: the state shrinks to their three.
+    let second = store.check(check(&three)).await.unwrap();
+    assert_eq!(remaining(&second), [98, 998, 9_998]);
+    assert_eq!(strlen(), (8 * 3 * 3).to_string());
+    let before = server.calls("setrange");
+    for left in [97, 96, 95] {
+        let next = store.check(check(&three)).await.unwrap();
+        assert_eq!(remaining(&next)[0], left);
+    }
+    assert_eq!(strlen(), (8 * 3 * 3).to_string());
+    // In place (one of the three saves may cross midnight and set a TTL).
+    assert!(server.calls("setrange") - before >= 2);
+    let ttl: i64 = server.cli(&["pttl", &key]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 86_400_000, "pttl {ttl}");
+}
+
 /// A check's future is moved into its box and under its deadline on every
 /// request: the shapes that need large futures (pools, Cluster) box their
 /// own, so the default shape's stays small (it was 7 KiB, a measurable
