@@ -150,31 +150,17 @@ if c@ + cost > n@ then
 end
 --$end
 
--- The TTL ends when the newest entry `last` leaves the longest window
--- (length d). It is set later than that (by a quarter of that window, at
--- least a second, at most a minute), so most writes keep the TTL set
--- before (while `expires` is at least last + d): ttl() gives the PX to set
--- and when it ends, on the scripts' clock. (With an injected clock,
--- `expires` is on that clock, and the TTL's pad covers real time running
--- ahead of it, as for every script.)
-local function ttl(last, d, now, pad)
-  local slack = (d - d % 4) / 4
-  if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
-  local ms = last + d + slack - now - 1
-  ms = (ms - ms % 1000) / 1000 + 1
-  if ms < 1 then ms = 1 end
-  return ms + pad, now + ms * 1000
-end
-
--- `list` packed.
-local function packed(list)
-  local parts = { }
-  for i = 1, #list, 256 do
-    local last = math.min(i + 255, #list)
-    parts[#parts + 1] = struct.pack('<' .. string.rep('i8', last - i + 1), unpack(list, i, last))
-  end
-  return table.concat(parts)
-end
+-- The TTL ends when the newest entry leaves the longest window. It is set
+-- later than that (by a quarter of that window, at least a second, at most
+-- a minute), so most writes keep the TTL set before (while `expires` is at
+-- least newest + that window): scripts/straight_log_ttl.lua sets `px`,
+-- the PX to set, and `expires`, when it ends, on the scripts' clock. (With
+-- an injected clock, `expires` is on that clock, and the TTL's pad covers
+-- real time running ahead of it, as for every script.) It and
+-- straight_log_packed.lua are written out where they run, not made
+-- functions here: Redis's Lua makes a function's closure on every call of
+-- the script (about 640 instructions each), and they run on rare paths.
+local longest = d$N
 
 if allowed == 1 and cost > 0 then
   local px
@@ -196,7 +182,9 @@ if allowed == 1 and cost > 0 then
     if c@ == 0 then o@ = from end
 --$end
     newest = from + cost - 1
-    if expires < newest + d$N then px, expires = ttl(newest, d$N, now, ttl_pad) end
+    if expires < newest + d$N then
+      $TTL
+    end
     local dead = p$N - 1
     if size > 0 and (dead < 64 or dead * 2 < size) and cost == 1 then
       -- Over the old trailer, the entry and the new trailer in one pack;
@@ -204,6 +192,7 @@ if allowed == 1 and cost > 0 then
       redis.call('SETRANGE', key, 8 * size, struct.pack('<i8i8i8i8i8i8$each(){i8i8}',
         from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
     else
+      $PACKED
       local list = { }
       for i = 1, cost do list[i] = from + i - 1 end
       local added = packed(list)
@@ -214,7 +203,9 @@ if allowed == 1 and cost > 0 then
       else
         -- A new log, or the batched drop of the entries before `start`:
         -- the string written whole (the live entries copied once).
-        if not px then px, expires = ttl(newest, d$N, now, ttl_pad) end
+        if not px then
+          $TTL
+        end
         local live = ''
         if p$N <= size then live = redis.call('GETRANGE', key, 8 * dead, 8 * size - 1) end
         redis.call('SET', key, live .. added .. struct.pack('<i8i8i8i8i8$each(){i8i8}',
@@ -229,6 +220,7 @@ if allowed == 1 and cost > 0 then
     -- microseconds at or after now (as push() in sliding_log.rs), merged
     -- into those entries (from q, the first of them), which are
     -- rewritten from there.
+    $PACKED
     local list = { }
     if q <= base then
       local s = redis.call('GETRANGE', key, 8 * q - 8, 8 * size - 1)
@@ -252,7 +244,9 @@ if allowed == 1 and cost > 0 then
     if p@ == q then o@ = out[1] end
 --$end
     newest = out[#out]
-    if expires < newest + d$N then px, expires = ttl(newest, d$N, now, ttl_pad) end
+    if expires < newest + d$N then
+      $TTL
+    end
     redis.call('SETRANGE', key, 8 * (q - 1), packed(out) ..
       struct.pack('<i8i8i8i8i8$each(){i8i8}',
         size + cost, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
@@ -271,7 +265,7 @@ elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
   -- shorter one: entries of a longer window may count again).
   local px
   if expires < newest + d$N then
-    px, expires = ttl(newest, d$N, now, ttl_pad)
+    $TTL
     redis.call('PEXPIRE', key, px)
   end
   redis.call('SETRANGE', key, 8 * size,

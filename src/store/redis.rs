@@ -190,6 +190,11 @@ const STRAIGHT_SAVE: &str = include_str!("../../scripts/straight_save.lua");
 /// windows (`$REMAP` in the templates, made only where it runs).
 const STRAIGHT_REMAP: &str = include_str!("../../scripts/straight_remap.lua");
 
+/// The packed log's TTL (`$TTL`) and its packing of a list of entries
+/// (`$PACKED`), written out on the rare paths that run them.
+const STRAIGHT_LOG_TTL: &str = include_str!("../../scripts/straight_log_ttl.lua");
+const STRAIGHT_LOG_PACKED: &str = include_str!("../../scripts/straight_log_packed.lua");
+
 /// The straight-line script the store runs for a check of `windows` user
 /// windows with `algorithm`, no route-wide windows and no block time, when
 /// there is one (1 to 5 windows): it decides exactly as the general script
@@ -249,6 +254,8 @@ fn packed_log_lua(windows: usize) -> Option<String> {
             ("ZPAD", "\\0".repeat(16 * pad)),
             ("ARGFP", ", fp".to_owned()),
             ("ARGFMT", "i8".to_owned()),
+            ("TTL", STRAIGHT_LOG_TTL.trim_end().to_owned()),
+            ("PACKED", STRAIGHT_LOG_PACKED.trim_end().to_owned()),
         ],
     ))
 }

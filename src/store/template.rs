@@ -61,8 +61,13 @@ fn inline(line: &str, n: usize, vars: &[(&str, String)]) -> String {
     }
     out.push_str(rest);
     let mut out = out.replace("$N", &n.to_string());
+    // (A value of several lines is indented as the line it goes in.)
+    let indent = &line[..line.len() - line.trim_start().len()];
     for (name, value) in vars {
-        out = out.replace(&format!("${name}"), value);
+        let name = format!("${name}");
+        if out.contains(&name) {
+            out = out.replace(&name, &value.replace('\n', &format!("\n{indent}")));
+        }
     }
     out
 }
@@ -101,6 +106,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_value_of_several_lines_is_indented_as_its_line() {
+        let out = expand(
+            "if x then\n  $BODY\nend\n",
+            1,
+            &[("BODY", "a()\nb()".to_owned())],
+        );
+        assert_eq!(out, "if x then\n  a()\n  b()\nend\n");
     }
 
     #[test]
