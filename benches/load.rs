@@ -118,7 +118,8 @@ impl tower_governor::key_extractor::KeyExtractor for UserKey {
 struct Ceiling {
     conn: redis::aio::MultiplexedConnection,
     script: redis::Script,
-    /// The script's packed numbers: TIME, cost 1, no block, the 3 windows.
+    /// The script's packed numbers: TIME, cost 1, no block, the 3 windows,
+    /// their fingerprint.
     args: Vec<u8>,
 }
 

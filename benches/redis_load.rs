@@ -118,9 +118,9 @@ async fn sliding_log(
     user: usize,
     windows: &[Window],
 ) -> i64 {
-    // The store's layout (scripts/prelude.lua): the state key alone (no
-    // block time), then the packed numbers (TIME, cost 1, no block, the
-    // windows).
+    // The store's layout (scripts/straight_prelude.lua): the state key
+    // alone (no block time), then the packed numbers (TIME, cost 1, no
+    // block, the windows, their fingerprint).
     let args = script_args(&Check::new("-", windows.to_vec()));
     let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
     inv.arg(args);

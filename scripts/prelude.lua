@@ -25,7 +25,8 @@
 -- reset_us belongs to the constraining window (fewest remaining; ties: the
 -- first in that order: the user's, then the shorter). (The straight-line
 -- counter scripts answer otherwise: allowed, now, then the state they
--- left; see straight_fixed_window.lua.) All or nothing: a
+-- left; see straight_fixed_window.lua. The packed sliding log answers an
+-- allowed request with reset_us and the remaining alone.) All or nothing: a
 -- request is recorded in every window of both budgets, or in none.
 --
 -- All arithmetic stays on integers below 2^53 (exact in Lua's doubles), and

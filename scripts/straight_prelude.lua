@@ -3,7 +3,8 @@
 -- the sliding log's may have a block time, read from the third number and
 -- kept under KEYS[2], as prelude.lua does).
 -- They decide exactly as prelude.lua + the algorithm's script (and
--- counter_state.lua), on the same arguments, keys and stored state, but
+-- counter_state.lua), on the same arguments (less the two window counts,
+-- and the fingerprint for the counters), keys and stored state, but
 -- with every number in a local and no loop, table or function on the usual
 -- path: 44-47% fewer instructions per call for the counters (BENCHMARKS.md;
 -- the sliding log's also packs its log in one string). The store

@@ -11,10 +11,10 @@ fingerprint).
 `per-window`: scripts/per_window_baseline.lua's (one key per window).
 Users are drawn from a fixed seed, so every run sends the same calls.
 
-With <first> and <rate> (store layout only; see steady.sh), the calls carry
-an injected clock instead of asking for `TIME`: call i (counted from
-<first>) is at i / <rate> seconds, so a run continues an earlier one's
-traffic exactly, at <rate> checks a second over all users.
+With <first> and <rate> (see steady.sh), the calls carry an injected clock
+instead of asking for `TIME`: call i (counted from <first>) is at
+i / <rate> seconds, so a run continues an earlier one's clock, at <rate>
+checks a second over all users (its users drawn from a seed of its own).
 """
 
 import random

@@ -74,7 +74,8 @@
 //! window), `fw` (fixed window) or `tb` (token bucket). The counter
 //! algorithms keep a budget's counters in one string of little-endian
 //! 64-bit integers (per window: its length, then its counters or arrival
-//! time), read with one `GET` and written with one `SET ... PX`. A packed
+//! time), read with one `GET` and written with one `SET ... PX` (or in
+//! place, `SETRANGE`, while its TTL holds). A packed
 //! log is one string of little-endian 64-bit integers too: its entries
 //! (sorted distinct microsecond timestamps), then a trailer of 15 numbers
 //! (`scripts/straight_packed_log.lua` describes it: per window where it
