@@ -4,16 +4,18 @@
 -- kept under KEYS[2], as prelude.lua does).
 -- They decide exactly as prelude.lua + the algorithm's script (and
 -- counter_state.lua), on the same arguments (less the two window counts,
--- and the fingerprint for the counters), keys and stored state, but
+-- and the block time and fingerprint for the counters), keys and stored
+-- state, but
 -- with every number in a local and no loop, table or function on the usual
 -- path: 44-47% fewer instructions per call for the counters (BENCHMARKS.md;
 -- the sliding log's also packs its log in one string). The store
 -- expands them from templates, scripts/straight_*.lua, once per window
 -- count (src/store/template.rs says how).
 
--- (ARGV[1] as prelude.lua reads it, without the two window counts.)
-local now, cost, block, $each(, ){d@, n@}$ARGFP =
-  struct.unpack('<i8i8i8$each(){i8i8}$ARGFMT', ARGV[1])
+-- (ARGV[1] as prelude.lua reads it, without the two window counts; the
+-- counters' without the block time too, which they never have.)
+local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
+  struct.unpack('<i8i8$BLOCKFMT$each(){i8i8}$ARGFMT', ARGV[1])
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
   local t = redis.call('TIME')

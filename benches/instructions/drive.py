@@ -5,7 +5,7 @@
 `store`: the store's layout for a straight-line script (the state key (no block key without a
 block time), the packed numbers of a 3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of
 1,000,000, a fingerprint).
-`counter`: the same without the fingerprint (only the sliding log reads it).
+`counter`: the same without the block time and the fingerprint (only the sliding log reads them).
 `general`: the same for the general scripts (the window counts after the block time, no
 fingerprint).
 `per-window`: scripts/per_window_baseline.lua's (one key per window).
@@ -34,7 +34,7 @@ def numbers(now):
     if layout == "general":
         return struct.pack("<" + "q" * 11, now, 1, 0, len(windows), 0, *flat)
     if layout == "counter":
-        return struct.pack("<" + "q" * 9, now, 1, 0, *flat)
+        return struct.pack("<" + "q" * 8, now, 1, *flat)
     # (Then the windows' fingerprint: any odd number, the same for every call.)
     return struct.pack("<" + "q" * 10, now, 1, 0, *flat, 12345)
 

@@ -232,9 +232,12 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
-            // (Only the sliding log reads the windows' fingerprint.)
+            // (Only the sliding log reads the windows' fingerprint, and
+            // may have a block time.)
             ("ARGFP", String::new()),
             ("ARGFMT", String::new()),
+            ("BLOCKVAR", String::new()),
+            ("BLOCKFMT", String::new()),
         ],
     ))
 }
@@ -255,6 +258,8 @@ fn packed_log_lua(windows: usize) -> Option<String> {
             ("ZPAD", "\\0".repeat(16 * pad)),
             ("ARGFP", ", fp".to_owned()),
             ("ARGFMT", "i8".to_owned()),
+            ("BLOCKVAR", ", block".to_owned()),
+            ("BLOCKFMT", "i8".to_owned()),
             ("TTL", STRAIGHT_LOG_TTL.trim_end().to_owned()),
             ("PACKED", STRAIGHT_LOG_PACKED.trim_end().to_owned()),
         ],
@@ -781,7 +786,7 @@ impl RedisStore {
             Backend::Pool(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
             Backend::ClusterPool(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
         }?;
-        if straight(&check) && check.algorithm != Algorithm::SlidingLog {
+        if straight_counter(&check) {
             decode_counters(&check, &reply)
         } else {
             decode(&check, &reply)
@@ -891,7 +896,9 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// (parsing a dozen decimal strings was a sixth of the script's CPU).
 ///
 /// In order: now in microseconds (`-1`: the server's `TIME`), cost, block
-/// time in microseconds (`0`: none), the user's window count and the
+/// time in microseconds (`0`: none; not for a straight-line counter
+/// script, which a check with a block time never runs), the user's window
+/// count and the
 /// route-wide window count (only for the general scripts: a straight-line
 /// script, see [`straight_lua`], is made for its window count, and every
 /// number it unpacks costs Redis about 300 instructions), the (length in
@@ -902,7 +909,7 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// ```
 /// use std::time::Duration;
 /// use tower_ratelimit::store::{redis::script_args, Check};
-/// use tower_ratelimit::Window;
+/// use tower_ratelimit::{Algorithm, Window};
 ///
 /// let window = Window::new(Duration::from_secs(1), 10)?;
 /// let numbers = |args: Vec<u8>| -> Vec<i64> {
@@ -914,6 +921,9 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// let straight = numbers(script_args(&Check::new("api:alice", vec![window])));
 /// assert_eq!(straight[..5], [-1, 1, 0, 1_000_000, 10]);
 /// assert_eq!(straight.len(), 6);
+/// // A counter algorithm's straight-line script: no block time either.
+/// let counter = Check::new("api:alice", vec![window]).with_algorithm(Algorithm::FixedWindow);
+/// assert_eq!(numbers(script_args(&counter)), [-1, 1, 1_000_000, 10]);
 /// // Six windows (1 to 6 s): the general script's, with the window counts.
 /// let six = (1..=6)
 ///     .map(|s| Window::new(Duration::from_secs(s), 10))
@@ -933,8 +943,15 @@ pub fn script_args(check: &Check) -> Vec<u8> {
 fn args_len(check: &Check) -> usize {
     let global = check.global.as_ref().map_or(0, |g| g.windows.len());
     let counts = if straight(check) { 0 } else { 2 };
+    let block = usize::from(!straight_counter(check));
     let fingerprint = usize::from(packed_log(check));
-    8 * (3 + counts + fingerprint + 2 * (check.windows.len() + global))
+    8 * (2 + block + counts + fingerprint + 2 * (check.windows.len() + global))
+}
+
+/// Whether a check runs a straight-line counter script (never with a
+/// block time: it is told none).
+fn straight_counter(check: &Check) -> bool {
+    check.algorithm != Algorithm::SlidingLog && straight(check)
 }
 
 /// Whether a check runs the packed sliding log (the straight-line sliding
@@ -948,9 +965,11 @@ fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
     let global_windows = check.global.as_ref().map_or(&[][..], |g| &g.windows[..]);
     push(check.now.map_or(-1, |now| saturating_i64(now.as_micros())));
     push(i64::from(check.cost));
-    push(saturating_i64(
-        check.block.map_or(0, crate::clock::duration_micros),
-    ));
+    if !straight_counter(check) {
+        push(saturating_i64(
+            check.block.map_or(0, crate::clock::duration_micros),
+        ));
+    }
     // (A straight-line script is made for its window count, and has no
     // route-wide windows: it is not told them.)
     if !straight(check) {
