@@ -786,7 +786,7 @@ impl RedisStore {
             Backend::Pool(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
             Backend::ClusterPool(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
         }?;
-        if straight_counter(&check) {
+        if ScriptKind::of(&check) == ScriptKind::StraightCounter {
             decode_counters(&check, &reply)
         } else {
             decode(&check, &reply)
@@ -941,38 +941,59 @@ pub fn script_args(check: &Check) -> Vec<u8> {
 
 /// The length of a check's [`script_args`].
 fn args_len(check: &Check) -> usize {
+    let kind = ScriptKind::of(check);
     let global = check.global.as_ref().map_or(0, |g| g.windows.len());
-    let counts = if straight(check) { 0 } else { 2 };
-    let block = usize::from(!straight_counter(check));
-    let fingerprint = usize::from(packed_log(check));
-    8 * (2 + block + counts + fingerprint + 2 * (check.windows.len() + global))
+    let optional = usize::from(kind.takes_block())
+        + 2 * usize::from(kind.takes_counts())
+        + usize::from(kind.takes_fingerprint());
+    8 * (2 + optional + 2 * (check.windows.len() + global))
 }
 
-/// Whether a check runs a straight-line counter script (never with a
-/// block time: it is told none).
-fn straight_counter(check: &Check) -> bool {
-    check.algorithm != Algorithm::SlidingLog && straight(check)
+/// Which script a check runs, and so which of the optional numbers of
+/// [`script_args`] it is sent: a straight-line script is made for its
+/// window count and has no route-wide windows; a counter algorithm's never
+/// has a block time; only the packed sliding log reads the fingerprint.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ScriptKind {
+    General,
+    StraightCounter,
+    PackedLog,
 }
 
-/// Whether a check runs the packed sliding log (the straight-line sliding
-/// log), the one script that reads the windows' fingerprint.
-fn packed_log(check: &Check) -> bool {
-    check.algorithm == Algorithm::SlidingLog && straight(check)
+impl ScriptKind {
+    fn of(check: &Check) -> Self {
+        match (straight(check), check.algorithm) {
+            (false, _) => Self::General,
+            (true, Algorithm::SlidingLog) => Self::PackedLog,
+            (true, _) => Self::StraightCounter,
+        }
+    }
+
+    fn takes_block(self) -> bool {
+        self != Self::StraightCounter
+    }
+
+    fn takes_counts(self) -> bool {
+        self == Self::General
+    }
+
+    fn takes_fingerprint(self) -> bool {
+        self == Self::PackedLog
+    }
 }
 
 /// Each number of a check's [`script_args`], in order.
 fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
+    let kind = ScriptKind::of(check);
     let global_windows = check.global.as_ref().map_or(&[][..], |g| &g.windows[..]);
     push(check.now.map_or(-1, |now| saturating_i64(now.as_micros())));
     push(i64::from(check.cost));
-    if !straight_counter(check) {
+    if kind.takes_block() {
         push(saturating_i64(
             check.block.map_or(0, crate::clock::duration_micros),
         ));
     }
-    // (A straight-line script is made for its window count, and has no
-    // route-wide windows: it is not told them.)
-    if !straight(check) {
+    if kind.takes_counts() {
         push(saturating_i64(check.windows.len() as u64));
         push(saturating_i64(global_windows.len() as u64));
     }
@@ -980,7 +1001,7 @@ fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
         push(saturating_i64(w.micros()));
         push(i64::from(w.limit()));
     }
-    if packed_log(check) {
+    if kind.takes_fingerprint() {
         push(windows_fingerprint(&check.windows));
     }
 }
@@ -1040,7 +1061,8 @@ fn words(reply: &[u8]) -> impl Iterator<Item = i64> + '_ {
 fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
     let global = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
     let count = check.windows.len() + global.len();
-    let allowed_only = packed_log(check) && reply.len() == 8 * (1 + count);
+    let allowed_only =
+        ScriptKind::of(check) == ScriptKind::PackedLog && reply.len() == 8 * (1 + count);
     if !allowed_only && reply.len() != 8 * (4 + count) {
         return Err(unexpected(reply));
     }
