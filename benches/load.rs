@@ -136,7 +136,7 @@ async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) ->
     // time, no route-wide windows).
     inv.key(format!("ceil:{{r:{user}}}:l")).arg(&c.args[..]);
     let mut conn = c.conn.clone();
-    // (The reply is packed little-endian i64s: 4 when the script allowed
+    // (The reply is packed little-endian doubles: 4 when the script allowed
     // the request (reset, then the remaining of each window), 7 when not.)
     match inv.invoke_async::<Vec<u8>>(&mut conn).await {
         Ok(reply) if reply.len() == 32 => next.run(request).await,

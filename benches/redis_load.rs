@@ -124,7 +124,7 @@ async fn sliding_log(
     let args = script_args(&Check::new("-", windows.to_vec()));
     let mut inv = script.key(format!("{prefix}:{{u{user}}}:l"));
     inv.arg(args);
-    // (The reply is packed little-endian i64s: 4 when the script allowed
+    // (The reply is packed little-endian doubles: 4 when the script allowed
     // the check, 7 when not.)
     let r: Vec<u8> = inv.invoke_async(conn).await.unwrap();
     i64::from(r.len() == 32)

@@ -4,20 +4,20 @@
 -- and run once per call.
 
 -- The counter algorithms keep a budget's state in one string: per window,
--- its length then `width - 1` numbers, all packed as struct 'i8' (no text to
--- format or parse). The state table S holds the windows of both budgets in
+-- its length then `width - 1` numbers, all packed as struct 'd' (whole
+-- numbers; no text to format or parse). The state table S holds the windows of both budgets in
 -- the same way: window w's length at S[(w - 1) * width + 1], its field f at
 -- S[(w - 1) * width + 1 + f]. So in the usual case (one budget whose stored
 -- windows are the check's, in order) the unpacked string is S as it is, and
 -- saving packs S without a copy. A window not stored (a new budget, or
 -- changed windows) starts with every field 0.
 local function load_state(V, UN, GN, width)
-  local floor, unpack_i8 = math.floor, struct.unpack
+  local floor, unpack_d = math.floor, struct.unpack
   local raw = redis.call('GET', KEYS[1])
   local R, stored = nil, 0
   if raw then
     stored = floor(#raw / (8 * width))
-    R = { unpack_i8(string.rep('<i8', stored * width), raw) }
+    R = { unpack_d('<' .. string.rep('d', stored * width), raw) }
     if GN == 0 and stored == UN then
       local same = true
       for w = 1, UN do
@@ -31,7 +31,7 @@ local function load_state(V, UN, GN, width)
     local route_raw = redis.call('GET', KEYS[3])
     if route_raw then
       route_stored = floor(#route_raw / (8 * width))
-      G = { unpack_i8(string.rep('<i8', route_stored * width), route_raw) }
+      G = { unpack_d('<' .. string.rep('d', route_stored * width), route_raw) }
     end
   end
   local S = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
@@ -64,7 +64,7 @@ local function save_state(S, out, width, UN, GN, now, pad)
     end
     local ms = math.ceil((expires - now) / 1000)
     if ms < 1 then ms = 1 end
-    redis.call('SET', key, struct.pack(string.rep('<i8', width * n),
+    redis.call('SET', key, struct.pack('<' .. string.rep('d', width * n),
       unpack(S, width * (first - 1) + 1, width * (first + n - 1))),
       'PX', string.format('%d', ms + pad))
     if first > UN or GN == 0 then return end

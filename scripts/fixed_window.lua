@@ -50,4 +50,4 @@ for w = 1, W do
 end
 if best > 0 then out[3] = (S[3 * best] + 1) * V[4 + 2 * best] - now end
 -- (The reply, packed: see prelude.lua.)
-return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))
+return struct.pack('<' .. rep('d', 4 + W), unpack(out, 1, 4 + W))

@@ -103,4 +103,4 @@ if best > 0 and C[best] > 0 then
   out[3] = entry_at(keys[b], total[b] - C[best]) + V[4 + 2 * best] - now
 end
 -- (The reply, packed: see prelude.lua.)
-return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))
+return struct.pack('<' .. rep('d', 4 + W), unpack(out, 1, 4 + W))

@@ -69,4 +69,4 @@ if best > 0 then
     V[5 + 2 * best], least + 1)
 end
 -- (The reply, packed: see prelude.lua.)
-return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))
+return struct.pack('<' .. rep('d', 4 + W), unpack(out, 1, 4 + W))

@@ -8,8 +8,8 @@
 --
 -- The string: the entries (the log), sorted distinct microsecond
 -- timestamps (the last one is the newest), then a trailer of 15 numbers
--- (120 bytes, whatever the rule), all little-endian signed 64-bit
--- integers:
+-- (120 bytes, whatever the rule), all little-endian doubles (struct's
+-- `d`: whole numbers, which a double holds exactly up to 2^53):
 --   size     the number of entries in the string;
 --   at       the clock the window hints were worked out at (on an
 --            injected clock, the latest they were checked on);
@@ -41,7 +41,7 @@ if block > 0 then
   local blocked_until = tonumber(redis.call('GET', KEYS[2]))
   if blocked_until and blocked_until > now then
     local wait = blocked_until - now
-    return struct.pack('<i8i8i8i8$each(){i8}', 0, wait, wait, 1, $each(, ){0})
+    return struct.pack('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})
   end
 end
 -- (The trailer and the 32 entries before it.)
@@ -54,14 +54,17 @@ if #tail >= 120 and #tail % 8 == 0 then
   -- when there is one.)
   if #tail > 120 then
     newest, size, at, expires, start, sfp, $each(, ){h@, t@} =
-      unpack8('<i8i8i8i8i8i8$each(){i8i8}', tail, #tail - 127)
+      unpack8('<dddddd$each(){dd}', tail, #tail - 127)
   else
     size, at, expires, start, sfp, $each(, ){h@, t@} =
-      unpack8('<i8i8i8i8i8$each(){i8i8}', tail, 1)
+      unpack8('<ddddd$each(){dd}', tail, 1)
   end
   base = size - (#tail - 120) / 8
   -- (A string shorter than the read holds exactly `size` entries.)
+  -- (`% 1`: a count or index that is not a whole number, NaN or an
+  -- infinity, none of which a script writes.)
   if size < 0 or base < 0 or start < 1 or start > size + 1
+      or size % 1 ~= 0 or start % 1 ~= 0
       or (#tail < 376 and base ~= 0) then
     -- Not a log this script wrote: replaced by an empty one. (A value
     -- forged to look like one is trusted: whoever can write the store's
@@ -75,10 +78,10 @@ end
 -- from index base + 1), else one GETRANGE. (The helpers take what they
 -- need as arguments: a closure costs Redis per variable it captures.)
 local function entry(i, base, tail, key)
-  if i > base then return (struct.unpack('<i8', tail, 8 * (i - base) - 7)) end
+  if i > base then return (struct.unpack('<d', tail, 8 * (i - base) - 7)) end
   local s = redis.call('GETRANGE', key, 8 * i - 8, 8 * i - 1)
   if #s < 8 then error('the sliding log at ' .. key .. ' is not one this script wrote') end
-  return (struct.unpack('<i8', s))
+  return (struct.unpack('<d', s))
 end
 
 -- The first index from `from` whose entry is after `bound`, and that
@@ -93,7 +96,7 @@ local function seek(from, bound, size, newest, base, tail, key)
       error('the sliding log at ' .. key .. ' is not one this script wrote')
     end
     for j = from, last do
-      local e = struct.unpack('<i8', chunk, 8 * (j - from) + 1)
+      local e = struct.unpack('<d', chunk, 8 * (j - from) + 1)
       if e > bound then return j, e end
     end
     local lo, hi = last + 1, size
@@ -104,7 +107,7 @@ local function seek(from, bound, size, newest, base, tail, key)
     return lo, entry(lo, base, tail, key)
   end
   for j = from, size do
-    local e = struct.unpack('<i8', tail, 8 * (j - base) - 7)
+    local e = struct.unpack('<d', tail, 8 * (j - base) - 7)
     if e > bound then return j, e end
   end
   return size + 1, nil
@@ -189,8 +192,8 @@ if allowed == 1 and cost > 0 then
     if size > 0 and (dead < 64 or dead * 2 < size) and cost == 1 then
       -- Over the old trailer, the entry and the new trailer in one pack;
       -- the TTL moves only when it must.
-      redis.call('SETRANGE', key, 8 * size, struct.pack('<i8i8i8i8i8i8$each(){i8i8}',
-        from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
+      redis.call('SETRANGE', key, 8 * size, struct.pack('<dddddd$each(){dd}$ZFMT',
+        from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
     else
       $PACKED
       local list = { }
@@ -198,8 +201,8 @@ if allowed == 1 and cost > 0 then
       local added = packed(list)
       if size > 0 and (dead < 64 or dead * 2 < size) then
         redis.call('SETRANGE', key, 8 * size, added ..
-          struct.pack('<i8i8i8i8i8$each(){i8i8}',
-            size + cost, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
+          struct.pack('<ddddd$each(){dd}$ZFMT',
+            size + cost, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
       else
         -- A new log, or the batched drop of the entries before `start`:
         -- the string written whole (the live entries copied once).
@@ -208,8 +211,8 @@ if allowed == 1 and cost > 0 then
         end
         local live = ''
         if p$N <= size then live = redis.call('GETRANGE', key, 8 * dead, 8 * size - 1) end
-        redis.call('SET', key, live .. added .. struct.pack('<i8i8i8i8i8$each(){i8i8}',
-          size - dead + cost, now, expires, 1, fp, $each(, ){p@ - dead, o@}) .. '$ZPAD',
+        redis.call('SET', key, live .. added .. struct.pack('<ddddd$each(){dd}$ZFMT',
+          size - dead + cost, now, expires, 1, fp, $each(, ){p@ - dead, o@}$ZARG),
           'PX', px)
         px = nil
       end
@@ -227,9 +230,9 @@ if allowed == 1 and cost > 0 then
       if #s ~= 8 * (size - q + 1) then
         error('the sliding log at ' .. key .. ' is not one this script wrote')
       end
-      for i = 1, #s, 8 do list[#list + 1] = unpack8('<i8', s, i) end
+      for i = 1, #s, 8 do list[#list + 1] = unpack8('<d', s, i) end
     else
-      for i = q, size do list[#list + 1] = unpack8('<i8', tail, 8 * (i - base) - 7) end
+      for i = q, size do list[#list + 1] = unpack8('<d', tail, 8 * (i - base) - 7) end
     end
     local out, j, t, left = { }, 1, now, cost
     while left > 0 do
@@ -248,8 +251,8 @@ if allowed == 1 and cost > 0 then
       $TTL
     end
     redis.call('SETRANGE', key, 8 * (q - 1), packed(out) ..
-      struct.pack('<i8i8i8i8i8$each(){i8i8}',
-        size + cost, now, expires, p$N, fp, $each(, ){p@, o@}) .. '$ZPAD')
+      struct.pack('<ddddd$each(){dd}$ZFMT',
+        size + cost, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
   end
   if px then redis.call('PEXPIRE', key, px) end
 --$each
@@ -269,13 +272,13 @@ elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
     redis.call('PEXPIRE', key, px)
   end
   redis.call('SETRANGE', key, 8 * size,
-    struct.pack('<i8i8i8i8i8$each(){i8i8}',
-      size, now, expires, p$N, fp, $each(, ){p@, o@ or 0}) .. '$ZPAD')
+    struct.pack('<ddddd$each(){dd}$ZFMT',
+      size, now, expires, p$N, fp, $each(, ){p@, o@ or 0}$ZARG))
 elseif size > 0 and ttl_pad > 0 and now > at then
   -- (An injected clock only: the clock this check read, so that a later
   -- one below it is seen as a clock that went back and sets the TTL again;
   -- Redis's own expiry runs on the server's clock.)
-  redis.call('SETRANGE', key, 8 * size + 8, struct.pack('<i8', now))
+  redis.call('SETRANGE', key, 8 * size + 8, struct.pack('<d', now))
 end
 
 -- A denial blocks the user for the block time (or the wait, if longer).
@@ -283,7 +286,7 @@ if allowed == 0 and block > 0 then
   redis.call('SET', KEYS[2], string.format('%d', now + block), 'PX',
     string.format('%d', math.max(math.ceil(block / 1000), 1) + ttl_pad))
   local wait = math.max(block, retry)
-  return struct.pack('<i8i8i8i8$each(){i8}', 0, wait, wait, 1, $each(, ){0})
+  return struct.pack('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the
@@ -301,6 +304,6 @@ if allowed == 1 then
   -- Allowed (no wait, not blocked): reset and the remaining alone, three
   -- numbers fewer to pack (about 1.2k instructions); the store tells the
   -- two forms by their length.
-  return struct.pack('<i8$each(){i8}', reset, $each(, ){r@})
+  return struct.pack('<d$each(){d}', reset, $each(, ){r@})
 end
-return struct.pack('<i8i8i8i8$each(){i8}', allowed, retry, reset, 0, $each(, ){r@})
+return struct.pack('<dddd$each(){d}', allowed, retry, reset, 0, $each(, ){r@})

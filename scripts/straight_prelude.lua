@@ -15,7 +15,7 @@
 -- (ARGV[1] as prelude.lua reads it, without the two window counts; the
 -- counters' without the block time too, which they never have.)
 local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
-  struct.unpack('<i8i8$BLOCKFMT$each(){i8i8}$ARGFMT', ARGV[1])
+  struct.unpack('<dd$BLOCKFMT$each(){dd}$ARGFMT', ARGV[1])
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
   local t = redis.call('TIME')

@@ -59,4 +59,4 @@ if best > 0 and least < V[5 + 2 * best] then
   if wait > 0 then out[3] = wait end
 end
 -- (The reply, packed: see prelude.lua.)
-return struct.pack('<' .. rep('i8', 4 + W), unpack(out, 1, 4 + W))
+return struct.pack('<' .. rep('d', 4 + W), unpack(out, 1, 4 + W))

@@ -32,11 +32,11 @@ flat = [x for w in windows for x in w]
 
 def numbers(now):
     if layout == "general":
-        return struct.pack("<" + "q" * 11, now, 1, 0, len(windows), 0, *flat)
+        return struct.pack("<" + "d" * 11, now, 1, 0, len(windows), 0, *flat)
     if layout == "counter":
-        return struct.pack("<" + "q" * 8, now, 1, *flat)
+        return struct.pack("<" + "d" * 8, now, 1, *flat)
     # (Then the windows' fingerprint: any odd number, the same for every call.)
-    return struct.pack("<" + "q" * 10, now, 1, 0, *flat, 12345)
+    return struct.pack("<" + "d" * 10, now, 1, 0, *flat, 12345)
 
 
 packed = numbers(-1)
