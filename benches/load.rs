@@ -60,6 +60,7 @@ const SCENARIOS: &[&str] = &[
     "memory-denied",
     "governor-header",
     "memory-header",
+    "memory-header-gcra",
     "ceiling",
     "redis-sliding-log",
     "redis-sliding-window",
@@ -171,11 +172,16 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             builder.per_nanosecond(1).burst_size(1_000_000);
             app.layer(GovernorLayer::new(Arc::new(builder.finish().unwrap())))
         }
-        "memory-header" => {
-            let rules = Rules::builder()
-                .route("^/", [Rule::new().second(1_000_000_000)])
-                .build()
-                .unwrap();
+        "memory-header" | "memory-header-gcra" => {
+            // (The sliding log keeps every entry of its window per user;
+            // the token bucket, the GCRA governor runs, one number.)
+            let rule = match scenario {
+                "memory-header" => Rule::new().second(1_000_000_000),
+                _ => Rule::new()
+                    .second(1_000_000_000)
+                    .algorithm(Algorithm::TokenBucket),
+            };
+            let rules = Rules::builder().route("^/", [rule]).build().unwrap();
             // (The crate's own header identity: a short value is kept
             // inline, no allocation.)
             let user = tower_ratelimit::identity::HeaderValue::new(http::HeaderName::from_static(
@@ -664,6 +670,13 @@ fn pin(pid: u32, core: &str) {
         .status();
 }
 
+/// Stops the run when a scenario's server has exited.
+fn assert_running(scenario: &str, child: &mut Child) {
+    if let Ok(Some(status)) = child.try_wait() {
+        panic!("{scenario}: the server exited ({status})");
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -790,11 +803,24 @@ fn main() {
                 command.arg(&exe).arg("--serve");
             }
         }
-        let child = command
+        let mut child = command
             .args([scenario, &port.to_string(), &redis.url()])
             .stdout(Stdio::null())
             .spawn()
             .expect("taskset");
+        // Each server listens before the next port is picked: a port picked
+        // while another server is still starting could be picked twice, and
+        // a server that cannot bind its port exits, leaving its load to
+        // whichever server holds it.
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert_running(scenario, &mut child);
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{scenario}: server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         servers.push((scenario, port, child));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -806,16 +832,8 @@ fn main() {
         .iter()
         .map(|_| (0..connections).map(|_| None).collect())
         .collect();
-    // Wait for every server, then warm each up.
+    // Warm each server up.
     for ((_, port, _), pool) in servers.iter().zip(&mut pools) {
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
         runtime.block_on(load(*port, pool, 1.0));
     }
     let ticks_per_second = 100.0; // USER_HZ on Linux
@@ -825,7 +843,7 @@ fn main() {
     let mut order: Vec<usize> = (0..servers.len()).collect();
     for pass in 0..passes {
         for &i in &order {
-            let (scenario, port, child) = &servers[i];
+            let (scenario, port, child) = &mut servers[i];
             redis.cli(&["config", "resetstat"]);
             let redis_pid = redis.pid().unwrap_or(0);
             let own_pid = std::process::id();
@@ -849,6 +867,8 @@ fn main() {
                     .copied()
                     .unwrap_or(0)
             };
+            // (A server that died would leave its figures to another.)
+            assert_running(scenario, child);
             let (usec, calls) = redis_stats(&redis);
             let sample = Sample {
                 rps: total as f64 / elapsed,
@@ -936,6 +956,7 @@ fn main() {
         ("memory-denied", "governor-denied", "≥ 1.00"),
         ("memory-denied", "memory-allowed", "≥ 0.80"),
         ("memory-header", "governor-header", "≥ 1.00"),
+        ("memory-header-gcra", "governor-header", "≥ 1.00"),
         ("redis-sliding-log", "ceiling", "≥ 0.95"),
         ("redis-sliding-window", "ceiling", "≥ 0.95"),
         ("redis-fixed-window", "ceiling", "≥ 0.95"),
