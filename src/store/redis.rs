@@ -914,8 +914,9 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 
 /// The one argument of a check's script call (`ARGV[1]`, see
 /// `scripts/prelude.lua`): its numbers packed as little-endian doubles
-/// ([`word`]), which the script unpacks with `struct` instead of parsing text
-/// (parsing a dozen decimal strings was a sixth of the script's CPU).
+/// (an `f64`'s bytes), which the script unpacks with `struct` instead of
+/// parsing text (parsing a dozen decimal strings was a sixth of the
+/// script's CPU).
 ///
 /// In order: now in microseconds (`-1`: the server's `TIME`), cost, block
 /// time in microseconds (`0`: none; not for a straight-line counter
