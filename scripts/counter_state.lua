@@ -5,8 +5,8 @@
 
 -- The counter algorithms keep a budget's state in one string: per window,
 -- its length then `width - 1` numbers, all packed as struct 'd' (whole
--- numbers; no text to format or parse). The state table S holds the windows of both budgets in
--- the same way: window w's length at S[(w - 1) * width + 1], its field f at
+-- numbers; no text to format or parse). The state table S holds the
+-- windows of both budgets in the same way: window w's length at S[(w - 1) * width + 1], its field f at
 -- S[(w - 1) * width + 1 + f]. So in the usual case (one budget whose stored
 -- windows are the check's, in order) the unpacked string is S as it is, and
 -- saving packs S without a copy. A window not stored (a new budget, or

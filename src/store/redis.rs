@@ -75,13 +75,12 @@
 //! packed layout is its format's second version (numbers as doubles,
 //! where the first packed 64-bit integers): a first-version key (`p`,
 //! `sw`, `fw`, `tb`) is never read and expires, so the replicas of a
-//! rolling upgrade never misread each other's state.
-//! The counter
+//! rolling upgrade never misread each other's state. The counter
 //! algorithms keep a budget's counters in one string of little-endian
-//! doubles (whole numbers; per window: its length, then its counters or arrival
-//! time), read with one `GET` and written with one `SET ... PX` (or in
-//! place, `SETRANGE`, while its TTL holds). A packed
-//! log is one string of little-endian doubles too: its entries
+//! doubles (whole numbers; per window: its length, then its counters or
+//! arrival time), read with one `GET` and written with one `SET ... PX`
+//! (or in place, `SETRANGE`, while its TTL holds). A packed log is one
+//! string of little-endian doubles too: its entries
 //! (sorted distinct microsecond timestamps), then a trailer of 15 numbers
 //! (`scripts/straight_packed_log.lua` describes it: per window where it
 //! started at the last check, the number of entries, where the log starts,
@@ -256,28 +255,19 @@ fn packed_log_lua(windows: usize) -> Option<String> {
     let pad = STRAIGHT_MAX_WINDOWS
         .checked_sub(windows)
         .filter(|_| windows > 0)?;
+    // The zero slots, packed with the trailer as one `cN` field of a
+    // constant string: no concatenation, no second string for Redis to
+    // hash (none for a rule of 5 windows).
+    let (zero_format, zero_arg) = match 16 * pad {
+        0 => (String::new(), String::new()),
+        bytes => (format!("c{bytes}"), format!(", '{}'", "\\0".repeat(bytes))),
+    };
     Some(super::template::expand(
         STRAIGHT_SLIDING_LOG,
         windows,
         &[
-            // (Packed with the trailer as one `cN` field, a constant: no
-            // concatenation, no second string for Redis to hash.)
-            (
-                "ZFMT",
-                if pad > 0 {
-                    format!("c{}", 16 * pad)
-                } else {
-                    String::new()
-                },
-            ),
-            (
-                "ZARG",
-                if pad > 0 {
-                    format!(", '{}'", "\\0".repeat(16 * pad))
-                } else {
-                    String::new()
-                },
-            ),
+            ("ZFMT", zero_format),
+            ("ZARG", zero_arg),
             ("ARGFP", ", fp".to_owned()),
             ("ARGFMT", "d".to_owned()),
             ("BLOCKVAR", ", block".to_owned()),
