@@ -3,14 +3,17 @@
 //! the memory store (route matching, identity, check, headers), allowed,
 //! denied and unmatched, with 10 and 100 routes (unmatched is route
 //! matching alone); decision -> headers (the layer with its headers on,
-//! less the layer with them off). Set
-//! `TOWER_RATELIMIT_BENCH_REDIS=redis://127.0.0.1:6379` to add the Redis
-//! store's check, per algorithm.
+//! less the layer with them off); and the Redis store's check, per
+//! algorithm, on a throwaway `redis-server` the bench starts on a free port
+//! (skipped with a note when `redis-server` is not on PATH), or on the
+//! server `TOWER_RATELIMIT_BENCH_REDIS` names (e.g. `redis://127.0.0.1:6379`).
 //!
 //! ```sh
 //! cargo bench --bench micro
 //! ```
 #![allow(missing_docs)]
+
+mod support;
 
 use std::convert::Infallible;
 use std::future::ready;
@@ -159,8 +162,21 @@ fn headers(c: &mut Criterion) {
 }
 
 fn redis_store(c: &mut Criterion) {
-    let Ok(url) = std::env::var("TOWER_RATELIMIT_BENCH_REDIS") else {
-        return;
+    // (The throwaway server lives until the group is done.)
+    let (url, _server) = match std::env::var("TOWER_RATELIMIT_BENCH_REDIS") {
+        Ok(url) => (url, None),
+        Err(_) => {
+            let found = std::process::Command::new("redis-server")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !found {
+                eprintln!("redis_check_3_windows: skipped (no redis-server on PATH)");
+                return;
+            }
+            let server = support::redis_server::RedisServer::start();
+            (server.url(), Some(server))
+        }
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store = runtime.block_on(async {
