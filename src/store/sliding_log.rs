@@ -156,13 +156,20 @@ fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
         };
         // Entries are distinct and sorted: when every microsecond from t
         // to the newest entry is taken (a budget busier than one request
-        // per microsecond), the first free one follows the newest, found
-        // in one search instead of one per taken microsecond.
-        let from = log.partition_point(|&e| e < t);
-        if (log.len() - from) as u64 == last - t + 1 {
+        // per microsecond), the first free one follows the newest. The
+        // `span` entries that would fill t..=last are the last `span` of
+        // the log exactly when the first of them is t (distinct, sorted,
+        // none above last): one look instead of a search.
+        let span = last - t + 1;
+        let packed = usize::try_from(span)
+            .ok()
+            .and_then(|span| log.len().checked_sub(span))
+            .is_some_and(|i| log.get(i) == Some(&t));
+        if packed {
             log.extend((1..=left).map(|i| last + i));
             return;
         }
+        let from = log.partition_point(|&e| e < t);
         if log.get(from) != Some(&t) {
             log.insert(from, t);
             left -= 1;
@@ -200,6 +207,31 @@ mod tests {
                 proptest::prop_assert_eq!(&a, &b);
                 proptest::prop_assert_eq!(&one, &many);
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// `push` takes exactly the first `cost` free microseconds at or
+        /// after `now`, as the plain definition does one at a time,
+        /// whatever holes and runs the log has.
+        #[test]
+        fn push_takes_the_first_free_microseconds(
+            taken in proptest::collection::btree_set(0u64..64, 0..40),
+            now in 0u64..70,
+            cost in 1u32..12,
+        ) {
+            let mut log: VecDeque<u64> = taken.iter().copied().collect();
+            push(&mut log, now, cost);
+            let mut want = taken.clone();
+            let mut t = now;
+            for _ in 0..cost {
+                while want.contains(&t) {
+                    t += 1;
+                }
+                want.insert(t);
+            }
+            let want: Vec<u64> = want.into_iter().collect();
+            proptest::prop_assert_eq!(log.into_iter().collect::<Vec<_>>(), want);
         }
     }
 
