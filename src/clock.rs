@@ -64,7 +64,13 @@ impl Clock for SystemClock {
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
-        Timestamp(duration_micros(since))
+        // (In u64: `Duration::as_micros` works in u128, on every check.)
+        Timestamp(
+            since
+                .as_secs()
+                .saturating_mul(1_000_000)
+                .saturating_add(u64::from(since.subsec_micros())),
+        )
     }
 }
 
