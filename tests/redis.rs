@@ -337,6 +337,62 @@ async fn script_flush_is_recovered_from() {
     }
 }
 
+/// Checks sent together (one pipeline per batch, on a multiplexed
+/// connection and through a caller's pool) each get their own answer, also
+/// when the batch meets a flushed script cache: the scripts are loaded
+/// once for the batch and its checks sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_get_their_own_answers_in_batches() {
+    for pooled in [false, true] {
+        let server = RedisServer::start();
+        let store = builder_for(&server, pooled)
+            .0
+            .timeout(TEST_TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        let app = App::with(one_route(Rule::new().minute(10)), store, |l| {
+            l.denial_cache(0)
+        });
+        // "a" has 2 left, "b" all 10, "c" none.
+        for _ in 0..8 {
+            assert_eq!(app.get("/a", "a").await.status, StatusCode::OK);
+        }
+        for _ in 0..10 {
+            assert_eq!(app.get("/a", "c").await.status, StatusCode::OK);
+        }
+        for flush in [false, true] {
+            if flush {
+                assert_eq!(server.cli(&["script", "flush"]), "OK");
+            }
+            let users = ["a", "b", "c"];
+            let replies =
+                futures_util::future::join_all((0..30).map(|i| app.get("/a", users[i % 3]))).await;
+            let ok = |user: &str| {
+                replies
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, r)| users[i % 3] == user && r.status == StatusCode::OK)
+                    .count()
+            };
+            // Every check decided by the store: allowed or denied, none
+            // failed open or closed.
+            assert!(replies
+                .iter()
+                .all(|r| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(&r.status)));
+            // The first round takes what is left; the second finds nothing.
+            let want = if flush { [0, 0, 0] } else { [2, 10, 0] };
+            assert_eq!(
+                [ok("a"), ok("b"), ok("c")],
+                want,
+                "pooled {pooled}, flushed {flush}"
+            );
+        }
+        // 18 + 60 checks, each one EVALSHA (and the flushed round's again).
+        assert!(server.calls("evalsha") >= 78);
+    }
+}
+
 /// A builder for a server of the test's own: on a multiplexed connection
 /// of the store's, or through a pool of the caller's (returned too).
 fn builder_for(

@@ -23,7 +23,10 @@
 //!
 //! - [`RedisStoreBuilder::url`] (the default shape): one multiplexed,
 //!   pipelining connection, shared by every request, replaced in the
-//!   background when it breaks. A check costs exactly one Redis command.
+//!   background when it breaks. A check costs exactly one Redis command;
+//!   the checks of requests that run in the same scheduler tick leave in
+//!   one pipeline (one write to the socket, one deadline), with no window
+//!   to wait out (here and on a pool's connection).
 //! - [`RedisStoreBuilder::cluster`]: Redis Cluster through redis-rs' async
 //!   cluster client, with response and connection timeouts set.
 //! - [`RedisStoreBuilder::pool`] / [`RedisStoreBuilder::cluster_pool`]: a
@@ -391,9 +394,185 @@ pub struct RedisStore {
 
 struct Inner {
     backend: Backend,
+    /// Sends the checks of a multiplexed connection (the default one, or a
+    /// caller's pool's) in batches; `None` for a Cluster, or a store built
+    /// outside a Tokio runtime.
+    batcher: Option<Batcher>,
     prefix: Box<str>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+}
+
+/// Checks sent together. redis-rs writes each command of a multiplexed
+/// connection as it comes: the task that writes is woken by the request
+/// that queued the command and runs right after it (Tokio's LIFO slot),
+/// before the other requests ready in the same tick have queued theirs,
+/// so a loaded server makes one write (one TCP segment, whose receiving
+/// side loopback also runs on the sender's core) per check. The batcher
+/// is one task that, once woken, yields once (so the requests ready in
+/// this tick queue their checks) and sends what is queued as one pipeline:
+/// one write, one buffer and one response deadline per batch instead of
+/// per check, and no window to wait out (as envoyproxy's ratelimit has
+/// with its pipeline window). One check alone goes at once, after that
+/// one yield.
+struct Batcher {
+    jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+}
+
+/// One check waiting in a batch.
+struct Job {
+    cmd: redis::Cmd,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, StoreError>>,
+}
+
+/// The most checks sent in one pipeline.
+const MAX_BATCH: usize = 256;
+
+impl Batcher {
+    /// Starts the batching task on the current runtime (none outside one).
+    fn spawn<C>(lazy: &Arc<Lazy<C>>, deadline: Duration) -> Option<Self>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let (jobs, queue) = tokio::sync::mpsc::unbounded_channel();
+        runtime.spawn(batch_loop(Arc::downgrade(lazy), queue, deadline));
+        Some(Self { jobs })
+    }
+
+    /// Queues `cmd` and waits for its reply. The batch's deadline bounds
+    /// the wait: a batch always answers every check it holds.
+    async fn invoke(&self, cmd: redis::Cmd) -> Result<Vec<u8>, StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.jobs.send(Job { cmd, reply }).is_err() {
+            // (The batching task is gone: its runtime shut down.)
+            return Err(not_connected());
+        }
+        answer.await.unwrap_or_else(|_| Err(not_connected()))
+    }
+}
+
+/// The batching task: takes what is queued once the requests of this tick
+/// have run, and sends it as one pipeline (each on its own task, so a slow
+/// batch does not hold the next). Ends with the store, and holds its
+/// connection only while a batch is on it (a caller's pool gets its
+/// connection back as the store is dropped).
+async fn batch_loop<C>(
+    lazy: std::sync::Weak<Lazy<C>>,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<Job>,
+    deadline: Duration,
+) where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut jobs = Vec::new();
+    while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        tokio::task::yield_now().await;
+        while jobs.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let batch = std::mem::take(&mut jobs);
+        let Some(lazy) = lazy.upgrade() else { return };
+        tokio::spawn(send_batch(lazy, batch, deadline));
+    }
+}
+
+/// Sends one batch as a pipeline and answers each of its checks. Bounded
+/// by `deadline` as a whole, a `NOSCRIPT` reload and second try included;
+/// the connection's health is observed once per batch.
+async fn send_batch<C>(lazy: Arc<Lazy<C>>, jobs: Vec<Job>, deadline: Duration)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let Some(mut conn) = lazy.get() else {
+        lazy.reconnect();
+        for job in jobs {
+            let _ = job.reply.send(Err(not_connected()));
+        }
+        return;
+    };
+    let mut pipe = redis::Pipeline::with_capacity(jobs.len());
+    let mut replies = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        pipe.add_command(job.cmd);
+        replies.push(job.reply);
+    }
+    let sent = tokio::time::timeout(deadline, run_batch(&lazy, &mut conn, &pipe)).await;
+    match sent {
+        Ok(Ok(results)) => {
+            lazy.observe::<()>(&Ok(()));
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result.map_err(store_error));
+            }
+        }
+        Ok(Err(error)) => {
+            lazy.observe::<()>(&Err(error.clone()));
+            for reply in replies {
+                let _ = reply.send(Err(store_error(error.clone())));
+            }
+        }
+        Err(_) => {
+            lazy.observe_timeout();
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::timeout()));
+            }
+        }
+    }
+}
+
+/// One pipeline's replies, one per command; commands Redis did not know
+/// the script of (`NOSCRIPT`: its script cache was flushed) are sent again
+/// once the scripts are loaded.
+async fn run_batch<C: ConnectionLike>(
+    lazy: &Lazy<C>,
+    conn: &mut C,
+    pipe: &redis::Pipeline,
+) -> RedisResult<Vec<RedisResult<Vec<u8>>>> {
+    let mut results: Vec<RedisResult<Vec<u8>>> = conn
+        .req_packed_commands(pipe, 0, pipe.len())
+        .await?
+        .into_iter()
+        .map(bulk)
+        .collect();
+    let unknown: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r, Err(e) if is_noscript(e)))
+        .map(|(i, _)| i)
+        .collect();
+    if unknown.is_empty() {
+        return Ok(results);
+    }
+    lazy.scripts.load(conn).await?;
+    let mut again = redis::Pipeline::with_capacity(unknown.len());
+    for cmd in pipe
+        .cmd_iter()
+        .enumerate()
+        .filter_map(|(i, cmd)| unknown.contains(&i).then_some(cmd))
+    {
+        again.add_command(cmd.clone());
+    }
+    let second = conn.req_packed_commands(&again, 0, again.len()).await?;
+    for (i, value) in unknown.into_iter().zip(second) {
+        if let Some(slot) = results.get_mut(i) {
+            *slot = bulk(value);
+        }
+    }
+    Ok(results)
+}
+
+/// A script's reply: one string (a server error as the error it is).
+fn bulk(value: redis::Value) -> RedisResult<Vec<u8>> {
+    match value.extract_error()? {
+        redis::Value::BulkString(bytes) => Ok(bytes),
+        other => Err(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "a rate-limit script answered with no string",
+            format!("{other:?}"),
+        ))),
+    }
 }
 
 enum Backend {
@@ -786,17 +965,22 @@ impl RedisStore {
         let script = inner.scripts.get(&check);
         let cmd = eval_cmd(&inner.prefix, script, &check);
         let deadline = inner.timeout;
-        let reply = match &inner.backend {
-            // The connection's own response timeout (the store's) bounds
-            // this call: no second timer per request.
-            Backend::Direct(lazy) => lazy.invoke(&cmd, script, deadline).await,
+        let reply = match (&inner.batcher, &inner.backend) {
+            // A multiplexed connection's checks (the store's own or a
+            // caller's pool's) go in batches, each under the store's
+            // deadline as a whole (see `Batcher`).
+            (Some(batcher), _) => batcher.invoke(cmd).await,
+            // Without a batcher (a store built outside a runtime), the
+            // connection's own response timeout (the store's) bounds the
+            // call: no second timer per request.
+            (None, Backend::Direct(lazy)) => lazy.invoke(&cmd, script, deadline).await,
             // A Cluster client may retry, and a pool's connection was made
             // with the caller's response timeout, not the store's: the
             // store's deadline bounds them as a whole (and their futures
             // are boxed, see `invoke_bounded`).
-            Backend::Cluster(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
-            Backend::Pool(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
-            Backend::ClusterPool(lazy) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (None, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (None, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (None, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
         }?;
         if ScriptKind::of(&check) == ScriptKind::StraightCounter {
             decode_counters(&check, &reply)
@@ -1361,9 +1545,15 @@ impl RedisStoreBuilder {
                 )
             }
         };
+        let batcher = match &backend {
+            Backend::Direct(lazy) => Batcher::spawn(lazy, self.timeout),
+            Backend::Pool(lazy) => Batcher::spawn(lazy, self.timeout),
+            Backend::Cluster(_) | Backend::ClusterPool(_) => None,
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 backend,
+                batcher,
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
                 scripts,
