@@ -15,7 +15,7 @@ use http::StatusCode;
 use support::redis_server::{cli, RedisServer};
 use support::App;
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{FailMode, Rule, Rules};
+use tower_ratelimit::{Algorithm, FailMode, Rule, Rules};
 
 const DEADLINE: Duration = Duration::from_millis(50);
 /// Scheduling slack on a busy 2-core machine running the suite in parallel.
@@ -90,33 +90,51 @@ fn undo(server: &mut RedisServer, undo: Undo) {
 /// `mode`, on real time (the fallback probes every 500 ms of it), without
 /// the denial cache (every request must reach the store).
 async fn app_on(store: tower_ratelimit::store::redis::RedisStoreBuilder, mode: FailMode) -> App {
+    app_with(store, mode, Algorithm::SlidingLog).await
+}
+
+/// [`app_on`] with `algorithm` (a counter algorithm's checks are sent in
+/// batches on a multiplexed connection, the sliding log's one at a time).
+async fn app_with(
+    store: tower_ratelimit::store::redis::RedisStoreBuilder,
+    mode: FailMode,
+    algorithm: Algorithm,
+) -> App {
     let store = store.timeout(DEADLINE).build().await.unwrap();
     let rules = Rules::builder()
-        .route("^/", [Rule::new().minute(2)])
+        .route("^/", [Rule::new().minute(2).algorithm(algorithm)])
         .build()
         .unwrap();
     App::on_store_clock(rules, store, |l| l.fail_mode(mode).denial_cache(0))
 }
 
-/// The store's own connection, or a caller's pool: which one a fault hits.
+/// The store's own connection, or a caller's pool: which one a fault hits;
+/// `Batched` shapes run the token bucket, whose checks are sent in
+/// batches.
 #[derive(Clone, Copy, Debug)]
 enum Shape {
     Own,
     Pool,
+    OwnBatched,
+    PoolBatched,
 }
 
 async fn run(fault: Fault, mode: FailMode, shape: Shape) {
     // DEBUG SLEEP needs the debug command, from local clients only.
     let mut server = RedisServer::start_with(&["--enable-debug-command", "local"]);
     let builder = match shape {
-        Shape::Own => RedisStore::builder().url(server.url()),
-        Shape::Pool => RedisStore::builder().pool(
+        Shape::Own | Shape::OwnBatched => RedisStore::builder().url(server.url()),
+        Shape::Pool | Shape::PoolBatched => RedisStore::builder().pool(
             deadpool_redis::Config::from_url(server.url())
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))
                 .unwrap(),
         ),
     };
-    let app = app_on(builder, mode).await;
+    let algorithm = match shape {
+        Shape::OwnBatched | Shape::PoolBatched => Algorithm::TokenBucket,
+        Shape::Own | Shape::Pool => Algorithm::SlidingLog,
+    };
+    let app = app_with(builder, mode, algorithm).await;
 
     // Healthy: exact.
     let healthy: Vec<StatusCode> = {
@@ -281,6 +299,13 @@ matrix! {
     pool_slow_open: Fault::Slow, FailMode::Open, Shape::Pool;
     pool_script_flush_open: Fault::ScriptFlush, FailMode::Open, Shape::Pool;
     pool_max_clients_open: Fault::MaxClients, FailMode::Open, Shape::Pool;
+    batched_killed_closed: Fault::Killed, FailMode::Closed, Shape::OwnBatched;
+    batched_paused_open: Fault::Paused, FailMode::Open, Shape::OwnBatched;
+    batched_slow_fallback: Fault::Slow, FailMode::Fallback, Shape::OwnBatched;
+    batched_script_flush_closed: Fault::ScriptFlush, FailMode::Closed, Shape::OwnBatched;
+    batched_max_clients_open: Fault::MaxClients, FailMode::Open, Shape::OwnBatched;
+    pool_batched_killed_open: Fault::Killed, FailMode::Open, Shape::PoolBatched;
+    pool_batched_paused_closed: Fault::Paused, FailMode::Closed, Shape::PoolBatched;
 }
 
 /// A Cluster master killed, its replica promoted (`CLUSTER FAILOVER
@@ -290,8 +315,8 @@ async fn failover(mode: FailMode, shape: Shape) {
     use support::redis_server::RedisCluster;
     let mut cluster = RedisCluster::start_with_replicas();
     let builder = match shape {
-        Shape::Own => RedisStore::builder().cluster(cluster.urls()),
-        Shape::Pool => RedisStore::builder().cluster_pool(
+        Shape::Own | Shape::OwnBatched => RedisStore::builder().cluster(cluster.urls()),
+        Shape::Pool | Shape::PoolBatched => RedisStore::builder().cluster_pool(
             deadpool_redis::cluster::Config::from_urls(cluster.urls())
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))
                 .unwrap(),

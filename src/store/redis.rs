@@ -968,19 +968,24 @@ impl RedisStore {
         let reply = match (&inner.batcher, &inner.backend) {
             // A multiplexed connection's checks (the store's own or a
             // caller's pool's) go in batches, each under the store's
-            // deadline as a whole (see `Batcher`).
-            (Some(batcher), _) => batcher.invoke(cmd).await,
-            // Without a batcher (a store built outside a runtime), the
-            // connection's own response timeout (the store's) bounds the
-            // call: no second timer per request.
-            (None, Backend::Direct(lazy)) => lazy.invoke(&cmd, script, deadline).await,
+            // deadline as a whole (see `Batcher`); but the sliding log's:
+            // its script costs Redis about 0.7 µs more per call in a burst
+            // than spread out, and served 0.95-0.97x the unbatched
+            // ceiling batched against 0.99-1.00x alone, where the counter
+            // algorithms' gained (BENCHMARKS.md, round 14).
+            (Some(batcher), _) if check.algorithm != Algorithm::SlidingLog => {
+                batcher.invoke(cmd).await
+            }
+            // One check at a time: the connection's own response timeout
+            // (the store's) bounds the call, no second timer per request.
+            (_, Backend::Direct(lazy)) => lazy.invoke(&cmd, script, deadline).await,
             // A Cluster client may retry, and a pool's connection was made
             // with the caller's response timeout, not the store's: the
             // store's deadline bounds them as a whole (and their futures
             // are boxed, see `invoke_bounded`).
-            (None, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
-            (None, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
-            (None, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (_, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
         }?;
         if ScriptKind::of(&check) == ScriptKind::StraightCounter {
             decode_counters(&check, &reply)
