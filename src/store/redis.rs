@@ -493,6 +493,24 @@ where
         }
         return;
     };
+    if jobs.len() == 1 {
+        // A check alone: sent as the command it is (no pipeline, no lists).
+        for job in jobs {
+            let sent = tokio::time::timeout(deadline, run_one(&lazy, &mut conn, &job.cmd)).await;
+            let result = match sent {
+                Ok(result) => {
+                    lazy.observe(&result);
+                    result.map_err(store_error)
+                }
+                Err(_) => {
+                    lazy.observe_timeout();
+                    Err(StoreError::timeout())
+                }
+            };
+            let _ = job.reply.send(result);
+        }
+        return;
+    }
     let mut pipe = redis::Pipeline::with_capacity(jobs.len());
     let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -519,6 +537,22 @@ where
                 let _ = reply.send(Err(StoreError::timeout()));
             }
         }
+    }
+}
+
+/// One command's reply, sent again once the scripts are loaded if Redis
+/// did not know its script.
+async fn run_one<C: ConnectionLike>(
+    lazy: &Lazy<C>,
+    conn: &mut C,
+    cmd: &redis::Cmd,
+) -> RedisResult<Vec<u8>> {
+    match conn.req_packed_command(cmd).await.and_then(bulk) {
+        Err(e) if is_noscript(&e) => {
+            lazy.scripts.load(conn).await?;
+            conn.req_packed_command(cmd).await.and_then(bulk)
+        }
+        result => result,
     }
 }
 
