@@ -29,7 +29,7 @@ use hashbrown::HashTable;
 
 use super::counters::{self, Slot};
 use super::{sliding_log, Check, CheckRef, Decision, GlobalRef, Store, StoreError};
-use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::clock::{Clock, FastClock, Timestamp};
 use crate::rules::Algorithm;
 
 /// Shards never sweep below this many budgets.
@@ -255,9 +255,13 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the system clock, with a shard count sized to the machine.
+    /// A store on the system clock (read through the CPU's time-stamp
+    /// counter where it is invariant, from the wall time when the store is
+    /// made: monotonic, a few nanoseconds a read), with a shard count sized
+    /// to the machine. The first store made in a process calibrates the
+    /// counter, once (a few milliseconds here; at most 200).
     pub fn new() -> Self {
-        Self::with_clock(SystemClock)
+        Self::with_clock(FastClock::new())
     }
 
     /// A store whose own time (used for checks that carry no time, and for
