@@ -76,36 +76,59 @@ impl Clock for SystemClock {
 
 /// The system clock, read the fast way (the memory store's own): the wall
 /// time when it is made, plus the time since on a monotonic clock read
-/// from the CPU's time-stamp counter where that is invariant (through
-/// `quanta`, as tower_governor reads it: a few nanoseconds, where the OS
-/// clock costs about 20), else from the OS's monotonic clock. A step of
-/// the wall clock (NTP) does not move it. quanta calibrates the counter
-/// once per process, on the first one made (off the request path: the
-/// memory store makes its clock when it is made).
+/// from the CPU's counter (through `quanta`, as tower_governor reads it: a
+/// few nanoseconds, where the OS clock costs about 20). Only where the
+/// counter is one clock for every core: on x86 when Linux itself keeps
+/// time with it (clocksource `tsc`, which the kernel gives up when the
+/// cores' counters disagree), and on other architectures, whose counter is
+/// fixed-frequency; elsewhere, and if the counter ever reads behind its
+/// start, it reads [`SystemClock`]. A step of the wall clock (NTP) does not
+/// move it. quanta calibrates the counter once per process, on the first
+/// one made (a few milliseconds; at most 200).
 #[derive(Clone, Debug)]
 pub(crate) struct FastClock {
-    clock: quanta::Clock,
-    /// The counter's reading, and the wall time, when this clock was made.
-    start: u64,
-    wall: u64,
+    /// The counter, its reading and the wall time when this clock was
+    /// made; `None`: the system clock.
+    counter: Option<(quanta::Clock, u64, u64)>,
 }
 
 impl FastClock {
     pub(crate) fn new() -> Self {
-        let clock = quanta::Clock::new();
-        let start = clock.raw();
-        Self {
-            wall: SystemClock.now().0,
-            start,
-            clock,
-        }
+        let counter = counter_is_one_clock().then(|| {
+            let clock = quanta::Clock::new();
+            let start = clock.raw();
+            (clock, start, SystemClock.now().0)
+        });
+        Self { counter }
+    }
+}
+
+/// Whether the CPU's counter can be read as one clock on any core.
+fn counter_is_one_clock() -> bool {
+    if cfg!(any(target_arch = "x86", target_arch = "x86_64")) {
+        cfg!(target_os = "linux")
+            && std::fs::read_to_string(
+                "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+            )
+            .is_ok_and(|source| source.trim() == "tsc")
+    } else {
+        true
     }
 }
 
 impl Clock for FastClock {
     fn now(&self) -> Timestamp {
-        let since = self.clock.delta_as_nanos(self.start, self.clock.raw());
-        Timestamp(self.wall.saturating_add(since / 1000))
+        match &self.counter {
+            Some((clock, start, wall)) => {
+                let raw = clock.raw();
+                if raw < *start {
+                    return SystemClock.now();
+                }
+                let since = clock.delta_as_nanos(*start, raw);
+                Timestamp(wall.saturating_add(since / 1000))
+            }
+            None => SystemClock.now(),
+        }
     }
 }
 
@@ -173,7 +196,9 @@ mod tests {
         // (Within 5 ms of each other, and about 20 ms on from the start:
         // the counter's calibration is close, not exact.)
         assert!(a.abs_diff(b) < 5_000, "fast {a}, system {b}");
-        assert!(a >= fast.wall + 19_000);
+        if let Some((_, _, wall)) = fast.counter {
+            assert!(a >= wall + 19_000);
+        }
     }
 
     #[test]

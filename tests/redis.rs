@@ -362,18 +362,22 @@ async fn concurrent_checks_get_their_own_answers_in_batches() {
         // taken, long after the test ends; no window edge to cross.)
         let rule = Rule::new().hour(10).algorithm(algorithm);
         let app = App::with(one_route(rule), store, |l| l.denial_cache(0));
-        // "a" has 2 left, "b" all 10, "c" none.
-        for _ in 0..8 {
-            assert_eq!(app.get("/a", "a").await.status, StatusCode::OK);
-        }
-        for _ in 0..10 {
-            assert_eq!(app.get("/a", "c").await.status, StatusCode::OK);
+        // "a" and "d" have 2 left, "b" and "e" all 10, "c" and "f" none;
+        // the second round (after a flush) asks for d, e, f.
+        for (user, used) in [("a", 8), ("c", 10), ("d", 8), ("f", 10)] {
+            for _ in 0..used {
+                assert_eq!(app.get("/a", user).await.status, StatusCode::OK);
+            }
         }
         for flush in [false, true] {
             if flush {
                 assert_eq!(server.cli(&["script", "flush"]), "OK");
             }
-            let users = ["a", "b", "c"];
+            let users = if flush {
+                ["d", "e", "f"]
+            } else {
+                ["a", "b", "c"]
+            };
             let replies =
                 futures_util::future::join_all((0..30).map(|i| app.get("/a", users[i % 3]))).await;
             let ok = |user: &str| {
@@ -388,17 +392,71 @@ async fn concurrent_checks_get_their_own_answers_in_batches() {
             assert!(replies
                 .iter()
                 .all(|r| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(&r.status)));
-            // The first round takes what is left; the second finds nothing.
-            let want = if flush { [0, 0, 0] } else { [2, 10, 0] };
+            // Each round takes what its users have left, each its own.
             assert_eq!(
-                [ok("a"), ok("b"), ok("c")],
-                want,
+                users.map(ok),
+                [2, 10, 0],
                 "{algorithm:?}, pooled {pooled}, flushed {flush}"
             );
         }
-        // 18 + 60 checks, each one EVALSHA (and the flushed round's again).
-        assert!(server.calls("evalsha") >= 78);
+        // 36 + 60 checks, each one EVALSHA (and the flushed round's again).
+        assert!(server.calls("evalsha") >= 96);
     }
+}
+
+/// A store built on one runtime and used on another after the first is
+/// gone (a store shared across tests' runtimes): its checks, batched ones
+/// included, do not wait on the dead runtime; once the store has connected
+/// again from the new one, they decide exactly.
+#[test]
+fn a_store_outlives_the_runtime_it_was_built_on() {
+    let server = RedisServer::start();
+    let built = tokio::runtime::Runtime::new().unwrap();
+    let store = built.block_on(async {
+        RedisStore::builder()
+            .url(server.url())
+            .timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap()
+    });
+    drop(built);
+    let other = tokio::runtime::Runtime::new().unwrap();
+    other.block_on(async {
+        let rule = Rule::new().hour(3).algorithm(Algorithm::TokenBucket);
+        let app = App::with(one_route(rule), store, |l| {
+            l.denial_cache(0).fail_mode(FailMode::Closed)
+        });
+        // Closed: 503 while the store reconnects, never a hang.
+        let started = Instant::now();
+        loop {
+            let asked = Instant::now();
+            let status = app.get("/a", "u").await.status;
+            assert!(asked.elapsed() < Duration::from_secs(2));
+            if status == StatusCode::OK {
+                break;
+            }
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never reconnected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let rest = [
+            app.get("/a", "u").await.status,
+            app.get("/a", "u").await.status,
+            app.get("/a", "u").await.status,
+        ];
+        assert_eq!(
+            rest,
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS
+            ]
+        );
+    });
 }
 
 /// A builder for a server of the test's own: on a multiplexed connection

@@ -308,6 +308,38 @@ const ALGORITHMS: [Algorithm; 4] = [
 ];
 
 impl Scripts {
+    /// The script an `EVALSHA` names (by its second argument).
+    fn named_by(&self, cmd: &redis::Cmd) -> Option<&Script> {
+        let redis::Arg::Simple(sha) = cmd.args_iter().nth(1)? else {
+            return None;
+        };
+        self.general
+            .iter()
+            .chain(self.straight.iter().flatten())
+            .find(|s| s.get_hash().as_bytes() == sha)
+    }
+
+    /// Loads the scripts `cmds` name (each once): what a `NOSCRIPT` reply
+    /// needs, in as many round trips as there are distinct scripts (one,
+    /// as a rule), not one per script the store has.
+    async fn load_for<'a, C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        cmds: impl Iterator<Item = &'a redis::Cmd>,
+    ) -> RedisResult<()> {
+        let mut loaded: Vec<&str> = Vec::new();
+        for cmd in cmds {
+            let Some(script) = self.named_by(cmd) else {
+                return self.load(conn).await;
+            };
+            if !loaded.contains(&script.get_hash()) {
+                script.prepare_invoke().load_async(conn).await?;
+                loaded.push(script.get_hash());
+            }
+        }
+        Ok(())
+    }
+
     fn new() -> Self {
         let straight = |algorithm| {
             std::array::from_fn(|i| {
@@ -419,6 +451,10 @@ struct Inner {
 /// one yield.
 struct Batcher {
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    /// The runtime the batching task runs on: checks made on another one
+    /// (a store shared across runtimes) go one at a time, so none waits on
+    /// a runtime that may have stopped, or is not being driven.
+    runtime: tokio::runtime::Id,
 }
 
 /// One check waiting in a batch.
@@ -439,7 +475,15 @@ impl Batcher {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (jobs, queue) = tokio::sync::mpsc::unbounded_channel();
         runtime.spawn(batch_loop(Arc::downgrade(lazy), queue, deadline));
-        Some(Self { jobs })
+        Some(Self {
+            jobs,
+            runtime: runtime.id(),
+        })
+    }
+
+    /// Whether the caller runs on the batching task's runtime.
+    fn here(&self) -> bool {
+        tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.runtime)
     }
 
     /// Queues `cmd` and waits for its reply. The batch's deadline bounds
@@ -551,7 +595,7 @@ async fn run_one<C: ConnectionLike>(
 ) -> RedisResult<Vec<u8>> {
     match conn.req_packed_command(cmd).await.and_then(bulk) {
         Err(e) if is_noscript(&e) => {
-            lazy.scripts.load(conn).await?;
+            lazy.scripts.load_for(conn, std::iter::once(cmd)).await?;
             conn.req_packed_command(cmd).await.and_then(bulk)
         }
         result => result,
@@ -566,12 +610,11 @@ async fn run_batch<C: ConnectionLike>(
     conn: &mut C,
     pipe: &redis::Pipeline,
 ) -> RedisResult<Vec<RedisResult<Vec<u8>>>> {
-    let mut results: Vec<RedisResult<Vec<u8>>> = conn
-        .req_packed_commands(pipe, 0, pipe.len())
-        .await?
-        .into_iter()
-        .map(bulk)
-        .collect();
+    let replies = conn.req_packed_commands(pipe, 0, pipe.len()).await?;
+    if replies.len() != pipe.len() {
+        return Err(short_reply());
+    }
+    let mut results: Vec<RedisResult<Vec<u8>>> = replies.into_iter().map(bulk).collect();
     let unknown: Vec<usize> = results
         .iter()
         .enumerate()
@@ -581,22 +624,52 @@ async fn run_batch<C: ConnectionLike>(
     if unknown.is_empty() {
         return Ok(results);
     }
-    lazy.scripts.load(conn).await?;
+    // (A failed reload or second try answers only the checks it was for:
+    // the others have run, and keep their answers.)
+    let unknown_cmds = || {
+        pipe.cmd_iter()
+            .enumerate()
+            .filter_map(|(i, cmd)| unknown.contains(&i).then_some(cmd))
+    };
+    if let Err(error) = lazy.scripts.load_for(conn, unknown_cmds()).await {
+        for &i in &unknown {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Err(error.clone());
+            }
+        }
+        return Ok(results);
+    }
     let mut again = redis::Pipeline::with_capacity(unknown.len());
-    for cmd in pipe
-        .cmd_iter()
-        .enumerate()
-        .filter_map(|(i, cmd)| unknown.contains(&i).then_some(cmd))
-    {
+    for cmd in unknown_cmds() {
         again.add_command(cmd.clone());
     }
-    let second = conn.req_packed_commands(&again, 0, again.len()).await?;
-    for (i, value) in unknown.into_iter().zip(second) {
-        if let Some(slot) = results.get_mut(i) {
-            *slot = bulk(value);
+    match conn.req_packed_commands(&again, 0, again.len()).await {
+        Ok(second) if second.len() == unknown.len() => {
+            for (&i, value) in unknown.iter().zip(second) {
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = bulk(value);
+                }
+            }
+        }
+        second => {
+            let error = second.err().unwrap_or_else(short_reply);
+            for &i in &unknown {
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = Err(error.clone());
+                }
+            }
         }
     }
     Ok(results)
+}
+
+/// A pipeline answered with fewer replies than it had commands (redis-rs
+/// does not, but a check must never be left without an answer).
+fn short_reply() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "a pipeline of checks got fewer replies than it sent",
+    ))
 }
 
 /// A script's reply: one string (a server error as the error it is).
@@ -1009,7 +1082,7 @@ impl RedisStore {
             // than spread out, and served 0.95-0.97x the unbatched
             // ceiling batched against 0.99-1.00x alone, where the counter
             // algorithms' gained (BENCHMARKS.md, round 14).
-            (Some(batcher), _) if check.algorithm != Algorithm::SlidingLog => {
+            (Some(batcher), _) if check.algorithm != Algorithm::SlidingLog && batcher.here() => {
                 batcher.invoke(cmd).await
             }
             // One check at a time: the connection's own response timeout
