@@ -594,10 +594,7 @@ async fn run_one<C: ConnectionLike>(
     cmd: &redis::Cmd,
 ) -> RedisResult<Vec<u8>> {
     match conn.req_packed_command(cmd).await.and_then(bulk) {
-        Err(e) if is_noscript(&e) => {
-            lazy.scripts.load_for(conn, std::iter::once(cmd)).await?;
-            conn.req_packed_command(cmd).await.and_then(bulk)
-        }
+        Err(e) if is_noscript(&e) => reload_and_retry(conn, cmd, &lazy.scripts).await,
         result => result,
     }
 }
@@ -631,28 +628,28 @@ async fn run_batch<C: ConnectionLike>(
             .enumerate()
             .filter_map(|(i, cmd)| unknown.contains(&i).then_some(cmd))
     };
-    if let Err(error) = lazy.scripts.load_for(conn, unknown_cmds()).await {
-        for &i in &unknown {
-            if let Some(slot) = results.get_mut(i) {
-                *slot = Err(error.clone());
-            }
+    let second = async {
+        lazy.scripts.load_for(conn, unknown_cmds()).await?;
+        let mut again = redis::Pipeline::with_capacity(unknown.len());
+        for cmd in unknown_cmds() {
+            again.add_command(cmd.clone());
         }
-        return Ok(results);
+        let second = conn.req_packed_commands(&again, 0, again.len()).await?;
+        if second.len() != unknown.len() {
+            return Err(short_reply());
+        }
+        Ok(second)
     }
-    let mut again = redis::Pipeline::with_capacity(unknown.len());
-    for cmd in unknown_cmds() {
-        again.add_command(cmd.clone());
-    }
-    match conn.req_packed_commands(&again, 0, again.len()).await {
-        Ok(second) if second.len() == unknown.len() => {
+    .await;
+    match second {
+        Ok(second) => {
             for (&i, value) in unknown.iter().zip(second) {
                 if let Some(slot) = results.get_mut(i) {
                     *slot = bulk(value);
                 }
             }
         }
-        second => {
-            let error = second.err().unwrap_or_else(short_reply);
+        Err(error) => {
             for &i in &unknown {
                 if let Some(slot) = results.get_mut(i) {
                     *slot = Err(error.clone());
@@ -865,7 +862,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     async fn invoke(
         self: &Arc<Self>,
         cmd: &redis::Cmd,
-        script: &Script,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
         let Some(mut conn) = self.get() else {
@@ -880,7 +876,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         let result = match cmd.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
                 let left = deadline.saturating_sub(started.elapsed());
-                match tokio::time::timeout(left, reload_and_retry(&mut conn, cmd, script)).await {
+                // (Boxed: a rare path, kept out of every check's future.)
+                let retry = Box::pin(reload_and_retry(&mut conn, cmd, &self.scripts));
+                match tokio::time::timeout(left, retry).await {
                     Ok(result) => result,
                     Err(_) => {
                         self.observe_timeout();
@@ -903,10 +901,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     async fn invoke_bounded(
         self: &Arc<Self>,
         cmd: &redis::Cmd,
-        script: &Script,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
-        let call = Box::pin(self.invoke(cmd, script, deadline));
+        let call = Box::pin(self.invoke(cmd, deadline));
         match tokio::time::timeout(deadline, call).await {
             Ok(reply) => reply,
             Err(_) => {
@@ -1087,14 +1084,14 @@ impl RedisStore {
             }
             // One check at a time: the connection's own response timeout
             // (the store's) bounds the call, no second timer per request.
-            (_, Backend::Direct(lazy)) => lazy.invoke(&cmd, script, deadline).await,
+            (_, Backend::Direct(lazy)) => lazy.invoke(&cmd, deadline).await,
             // A Cluster client may retry, and a pool's connection was made
             // with the caller's response timeout, not the store's: the
             // store's deadline bounds them as a whole (and their futures
             // are boxed, see `invoke_bounded`).
-            (_, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
-            (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
-            (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, script, deadline).await,
+            (_, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
+            (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
+            (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
         }?;
         if ScriptKind::of(&check) == ScriptKind::StraightCounter {
             decode_counters(&check, &reply)
@@ -1344,13 +1341,13 @@ fn is_noscript(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// Loads `script` through `conn` and sends `cmd` again.
+/// Loads the script `cmd` names through `conn` and sends `cmd` again.
 async fn reload_and_retry<C: ConnectionLike>(
     conn: &mut C,
     cmd: &redis::Cmd,
-    script: &Script,
+    scripts: &Scripts,
 ) -> RedisResult<Vec<u8>> {
-    script.prepare_invoke().load_async(conn).await?;
+    scripts.load_for(conn, std::iter::once(cmd)).await?;
     cmd.query_async(conn).await
 }
 
@@ -1711,9 +1708,8 @@ mod tests {
             Arc::new(Scripts::new()),
             Duration::from_secs(2),
         );
-        let script = Script::new("return 1");
         let reply = lazy
-            .invoke(&redis::cmd("PING"), &script, Duration::from_millis(50))
+            .invoke(&redis::cmd("PING"), Duration::from_millis(50))
             .await;
         assert!(reply.is_err_and(|e| e.kind() == StoreErrorKind::Unavailable));
         tokio::time::sleep(Duration::from_millis(10)).await;
