@@ -6,18 +6,20 @@
 //! cargo run --example lua -- token-bucket 3     # 3 windows, no route-wide windows, no block time
 //! cargo run --example lua -- sliding-log 3      # the same (its log packed in one string)
 //! cargo run --example lua -- fixed-window 2 --general # any shape
+//! cargo run --example lua -- token-bucket 3 --batched  # checks sent together
 //! ```
 //!
 //! Checks with 1 to 5 windows, no route-wide windows and no block time run
 //! a straight-line script made for their algorithm and window count; every
 //! other check runs its algorithm's general script.
 
-use tower_ratelimit::store::redis::{general_lua, straight_lua};
+use tower_ratelimit::store::redis::{batched_lua, general_lua, straight_lua};
 use tower_ratelimit::Algorithm;
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let general = args.iter().any(|a| a == "--general");
+    let batched = args.iter().any(|a| a == "--batched");
     let mut words = args.iter().filter(|a| !a.starts_with("--"));
     let algorithm = match words.next().map(String::as_str) {
         Some("sliding-log") => Algorithm::SlidingLog,
@@ -26,7 +28,7 @@ fn main() -> std::process::ExitCode {
         Some("token-bucket") => Algorithm::TokenBucket,
         _ => {
             eprintln!(
-                "usage: lua <sliding-log|sliding-window|fixed-window|token-bucket> [windows] [--general]"
+                "usage: lua <sliding-log|sliding-window|fixed-window|token-bucket> [windows] [--general|--batched]"
             );
             return std::process::ExitCode::FAILURE;
         }
@@ -41,6 +43,12 @@ fn main() -> std::process::ExitCode {
     };
     let straight = if general {
         None
+    } else if batched {
+        let Some(script) = batched_lua(algorithm, windows) else {
+            eprintln!("checks are sent together for the counter algorithms, 1 to 5 windows");
+            return std::process::ExitCode::FAILURE;
+        };
+        Some(script)
     } else {
         straight_lua(algorithm, windows)
     };

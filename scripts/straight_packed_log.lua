@@ -38,7 +38,7 @@ local unpack8 = struct.unpack
 -- A user blocked (a rule with a block time, KEYS[2] its marker) is denied
 -- until the block ends, and the log is not read.
 if block > 0 then
-  local blocked_until = tonumber(redis.call('GET', KEYS[2]))
+  local blocked_until = tonumber(redis.call('GET', $KEY2))
   if blocked_until and blocked_until > now then
     local wait = blocked_until - now
     return struct.pack('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})
@@ -283,7 +283,7 @@ end
 
 -- A denial blocks the user for the block time (or the wait, if longer).
 if allowed == 0 and block > 0 then
-  redis.call('SET', KEYS[2], string.format('%d', now + block), 'PX',
+  redis.call('SET', $KEY2, string.format('%d', now + block), 'PX',
     string.format('%d', math.max(math.ceil(block / 1000), 1) + ttl_pad))
   local wait = math.max(block, retry)
   return struct.pack('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})

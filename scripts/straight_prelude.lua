@@ -13,14 +13,16 @@
 -- count (src/store/template.rs says how).
 
 -- (ARGV[1] as prelude.lua reads it, without the two window counts; the
--- counters' without the block time too, which they never have.)
+-- counters' without the block time too, which they never have. In a
+-- script of checks sent together, the check's own argument, key and the
+-- batch's one reading of the clock: see batched_counters.lua.)
 local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
-  struct.unpack('<dd$BLOCKFMT$each(){dd}$ARGFMT', ARGV[1])
+  struct.unpack('<dd$BLOCKFMT$each(){dd}$ARGFMT', $ARGV1)
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
-  local t = redis.call('TIME')
+  local t = $CLOCK
   now = t[1] * 1000000 + t[2]
   ttl_pad = 0
 end
-local key = KEYS[1]
+local key = $KEY1
 

@@ -15,7 +15,7 @@ use http::StatusCode;
 use support::redis_server::{cli, RedisServer};
 use support::App;
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{Algorithm, FailMode, Rule, Rules};
+use tower_ratelimit::{Algorithm, FailMode, Route, Rule, Rules};
 
 const DEADLINE: Duration = Duration::from_millis(50);
 /// Scheduling slack on a busy 2-core machine running the suite in parallel.
@@ -90,21 +90,27 @@ fn undo(server: &mut RedisServer, undo: Undo) {
 /// `mode`, on real time (the fallback probes every 500 ms of it), without
 /// the denial cache (every request must reach the store).
 async fn app_on(store: tower_ratelimit::store::redis::RedisStoreBuilder, mode: FailMode) -> App {
-    app_with(store, mode, Algorithm::SlidingLog).await
+    app_with(store, mode, false).await
 }
 
-/// [`app_on`] with `algorithm` (a counter algorithm's checks are sent in
-/// batches on a multiplexed connection, the sliding log's one at a time).
+/// [`app_on`], its checks sent in batches on a multiplexed connection, or
+/// one at a time: the token bucket on the user's budget alone, or the
+/// sliding log with a route-wide budget too (never reached here), whose
+/// checks have no batch script and go one at a time.
 async fn app_with(
     store: tower_ratelimit::store::redis::RedisStoreBuilder,
     mode: FailMode,
-    algorithm: Algorithm,
+    batched: bool,
 ) -> App {
     let store = store.timeout(DEADLINE).build().await.unwrap();
-    let rules = Rules::builder()
-        .route("^/", [Rule::new().minute(2).algorithm(algorithm)])
-        .build()
-        .unwrap();
+    let route = if batched {
+        Route::new("^/").rules([Rule::new().minute(2).algorithm(Algorithm::TokenBucket)])
+    } else {
+        Route::new("^/")
+            .rules([Rule::new().minute(2).algorithm(Algorithm::SlidingLog)])
+            .global(Rule::new().hour(1_000_000))
+    };
+    let rules = Rules::builder().add_route(route).build().unwrap();
     App::on_store_clock(rules, store, |l| l.fail_mode(mode).denial_cache(0))
 }
 
@@ -130,11 +136,8 @@ async fn run(fault: Fault, mode: FailMode, shape: Shape) {
                 .unwrap(),
         ),
     };
-    let algorithm = match shape {
-        Shape::OwnBatched | Shape::PoolBatched => Algorithm::TokenBucket,
-        Shape::Own | Shape::Pool => Algorithm::SlidingLog,
-    };
-    let app = app_with(builder, mode, algorithm).await;
+    let batched = matches!(shape, Shape::OwnBatched | Shape::PoolBatched);
+    let app = app_with(builder, mode, batched).await;
 
     // Healthy: exact.
     let healthy: Vec<StatusCode> = {

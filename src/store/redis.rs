@@ -223,13 +223,31 @@ const STRAIGHT_LOG_PACKED: &str = include_str!("../../scripts/straight_log_packe
 /// assert!(straight_lua(Algorithm::TokenBucket, 6).is_none());
 /// ```
 pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
-    // (A counter algorithm's state: `width` numbers per window.)
-    let (template, width) = match algorithm {
-        Algorithm::SlidingLog => return packed_log_lua(windows),
-        Algorithm::SlidingWindow => (STRAIGHT_SLIDING_WINDOW, 4),
-        Algorithm::FixedWindow => (STRAIGHT_FIXED_WINDOW, 3),
-        Algorithm::TokenBucket => (STRAIGHT_TOKEN_BUCKET, 2),
-    };
+    match counter_template(algorithm) {
+        None => packed_log_lua(windows, &ALONE),
+        Some(template) => counter_lua(template, windows, &ALONE),
+    }
+}
+
+/// A counter algorithm's straight-line template, and how many numbers its
+/// state keeps per window; `None` for the sliding log.
+fn counter_template(algorithm: Algorithm) -> Option<(&'static str, usize)> {
+    match algorithm {
+        Algorithm::SlidingLog => None,
+        Algorithm::SlidingWindow => Some((STRAIGHT_SLIDING_WINDOW, 4)),
+        Algorithm::FixedWindow => Some((STRAIGHT_FIXED_WINDOW, 3)),
+        Algorithm::TokenBucket => Some((STRAIGHT_TOKEN_BUCKET, 2)),
+    }
+}
+
+/// The counter script of `template` (and its state's width) for `windows`
+/// windows (1 to [`STRAIGHT_MAX_WINDOWS`]), reading its argument, key and
+/// clock through `call`.
+fn counter_lua(
+    (template, width): (&str, usize),
+    windows: usize,
+    call: &CallVars,
+) -> Option<String> {
     if !(1..=STRAIGHT_MAX_WINDOWS).contains(&windows) {
         return None;
     }
@@ -238,6 +256,9 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
         template,
         windows,
         &[
+            ("ARGV1", call.argv.to_owned()),
+            ("KEY1", call.key.to_owned()),
+            ("CLOCK", call.clock.to_owned()),
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
@@ -251,12 +272,71 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
     ))
 }
 
+/// Where a straight-line script reads its check's argument, its key and
+/// the server's clock (`$ARGV1`, `$KEY1`, `$CLOCK` in
+/// `scripts/straight_prelude.lua`).
+struct CallVars {
+    argv: &'static str,
+    key: &'static str,
+    /// The block marker's key (`$KEY2`, the sliding log's).
+    block_key: &'static str,
+    clock: &'static str,
+}
+
+/// A check alone: its own call's.
+const ALONE: CallVars = CallVars {
+    argv: "ARGV[1]",
+    key: "KEYS[1]",
+    block_key: "KEYS[2]",
+    clock: "redis.call('TIME')",
+};
+
+/// Check `i` of a batch (`scripts/batched.lua`).
+const IN_BATCH: CallVars = CallVars {
+    argv: "ARGV[i]",
+    key: "KEYS[i]",
+    block_key: "no_block_key()",
+    clock: "server_time()",
+};
+
+/// Checks of one algorithm and window count sent together
+/// (`scripts/batched.lua`).
+const BATCHED: &str = include_str!("../../scripts/batched.lua");
+
+/// The script that runs a batch of checks of `algorithm` with `windows`
+/// user windows (of the shape [`straight_lua`] is made for, and no block
+/// time) in one call: `KEYS[i]` and `ARGV[i]` are check `i`'s key and
+/// numbers, and it answers with the list of what [`straight_lua`]'s
+/// script answers for each, in order, all decided at one reading of the
+/// server's clock.
+///
+/// ```
+/// use tower_ratelimit::store::redis::batched_lua;
+/// use tower_ratelimit::Algorithm;
+///
+/// let script = batched_lua(Algorithm::FixedWindow, 2).expect("made for 2 windows");
+/// assert!(script.contains("for i = 1, #KEYS do"));
+/// assert!(batched_lua(Algorithm::SlidingLog, 5).is_some());
+/// assert!(batched_lua(Algorithm::FixedWindow, 6).is_none());
+/// ```
+pub fn batched_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
+    let check = match counter_template(algorithm) {
+        None => packed_log_lua(windows, &IN_BATCH)?,
+        Some(template) => counter_lua(template, windows, &IN_BATCH)?,
+    };
+    Some(super::template::expand(
+        BATCHED,
+        windows,
+        &[("CHECK", check.trim_end().to_owned())],
+    ))
+}
+
 /// The straight-line sliding log: its log packed in one string with a
 /// trailer that has room for [`STRAIGHT_MAX_WINDOWS`] windows whatever the
 /// rule's count, so a change of rule never changes the trailer's length
 /// (the slots of the windows a rule does not have are zero bytes at its
 /// end, a constant in the script: no script packs or unpacks them).
-fn packed_log_lua(windows: usize) -> Option<String> {
+fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
     let pad = STRAIGHT_MAX_WINDOWS
         .checked_sub(windows)
         .filter(|_| windows > 0)?;
@@ -271,6 +351,10 @@ fn packed_log_lua(windows: usize) -> Option<String> {
         STRAIGHT_SLIDING_LOG,
         windows,
         &[
+            ("ARGV1", call.argv.to_owned()),
+            ("KEY1", call.key.to_owned()),
+            ("KEY2", call.block_key.to_owned()),
+            ("CLOCK", call.clock.to_owned()),
             ("ZFMT", zero_format),
             ("ZARG", zero_arg),
             ("ARGFP", ", fp".to_owned()),
@@ -297,6 +381,9 @@ fn straight(check: &Check) -> bool {
 struct Scripts {
     general: [Script; 4],
     straight: [[Script; STRAIGHT_MAX_WINDOWS]; 4],
+    /// The batch scripts ([`batched_lua`]), in [`ALGORITHMS`] order, 1 to
+    /// 5 windows each.
+    batched: [[Script; STRAIGHT_MAX_WINDOWS]; 4],
 }
 
 /// The algorithms, in the order [`Scripts`] keeps their scripts.
@@ -307,16 +394,31 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::TokenBucket,
 ];
 
+/// An algorithm's place in [`ALGORITHMS`].
+fn algorithm_index(algorithm: Algorithm) -> usize {
+    match algorithm {
+        Algorithm::SlidingLog => 0,
+        Algorithm::SlidingWindow => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::TokenBucket => 3,
+    }
+}
+
 impl Scripts {
     /// The script an `EVALSHA` names (by its second argument).
     fn named_by(&self, cmd: &redis::Cmd) -> Option<&Script> {
         let redis::Arg::Simple(sha) = cmd.args_iter().nth(1)? else {
             return None;
         };
+        self.all().find(|s| s.get_hash().as_bytes() == sha)
+    }
+
+    /// Every script the store may call.
+    fn all(&self) -> impl Iterator<Item = &Script> {
         self.general
             .iter()
             .chain(self.straight.iter().flatten())
-            .find(|s| s.get_hash().as_bytes() == sha)
+            .chain(self.batched.iter().flatten())
     }
 
     /// Loads the scripts `cmds` name (each once): what a `NOSCRIPT` reply
@@ -346,21 +448,38 @@ impl Scripts {
                 Script::new(&straight_lua(algorithm, i + 1).unwrap_or_default())
             })
         };
+        let batched = |algorithm| {
+            std::array::from_fn(|i| Script::new(&batched_lua(algorithm, i + 1).unwrap_or_default()))
+        };
         Self {
             general: ALGORITHMS.map(|algorithm| Script::new(general_lua(algorithm))),
             straight: ALGORITHMS.map(straight),
+            batched: ALGORITHMS.map(batched),
         }
+    }
+
+    /// Which batch script runs `check` with others of its kind (an index
+    /// for [`batched`](Self::batched)): a check on a straight-line script
+    /// with one key (no block time); `None` for every other.
+    fn batch_of(check: &Check) -> Option<u8> {
+        if !straight(check) || check.block.is_some() {
+            return None;
+        }
+        // (A straight-line check has 1 to STRAIGHT_MAX_WINDOWS windows.)
+        let index = algorithm_index(check.algorithm) * STRAIGHT_MAX_WINDOWS
+            + check.windows.len().saturating_sub(1);
+        u8::try_from(index).ok()
+    }
+
+    /// The batch script of [`batch_of`](Self::batch_of)'s index.
+    fn batched(&self, index: u8) -> Option<&Script> {
+        self.batched.iter().flatten().nth(usize::from(index))
     }
 
     /// The script for a check: a straight-line one when there is one for
     /// its shape, else its algorithm's.
     fn get(&self, check: &Check) -> &Script {
-        let i = match check.algorithm {
-            Algorithm::SlidingLog => 0,
-            Algorithm::SlidingWindow => 1,
-            Algorithm::FixedWindow => 2,
-            Algorithm::TokenBucket => 3,
-        };
+        let i = algorithm_index(check.algorithm);
         if straight(check) {
             if let Some(script) = self.straight[i].get(check.windows.len().wrapping_sub(1)) {
                 return script;
@@ -372,7 +491,7 @@ impl Scripts {
     /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
     /// them by SHA.
     async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
-        for script in self.general.iter().chain(self.straight.iter().flatten()) {
+        for script in self.all() {
             script.prepare_invoke().load_async(conn).await?;
         }
         Ok(())
@@ -460,7 +579,33 @@ struct Batcher {
 /// One check waiting in a batch.
 struct Job {
     cmd: redis::Cmd,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, StoreError>>,
+    /// The batch script that may run it with others of its kind
+    /// ([`Scripts::batch_of`]).
+    batch: Option<u8>,
+    reply: Reply,
+}
+
+/// Where a check's answer goes.
+type Reply = tokio::sync::oneshot::Sender<Result<Vec<u8>, StoreError>>;
+
+/// Whom one command of a batch's pipeline answers: one check (its own
+/// command), or several of one kind (their batch script's call; their
+/// own commands are kept for a server that refuses it).
+enum Answer {
+    One(Reply),
+    Many(Vec<Job>),
+}
+
+impl Answer {
+    /// Sends every check of `answers` the answer `f` gives it, in order.
+    fn each(answers: Vec<Answer>, mut f: impl FnMut(Reply)) {
+        for answer in answers {
+            match answer {
+                Answer::One(reply) => f(reply),
+                Answer::Many(jobs) => jobs.into_iter().for_each(|job| f(job.reply)),
+            }
+        }
+    }
 }
 
 /// The most checks sent in one pipeline.
@@ -488,9 +633,9 @@ impl Batcher {
 
     /// Queues `cmd` and waits for its reply. The batch's deadline bounds
     /// the wait: a batch always answers every check it holds.
-    async fn invoke(&self, cmd: redis::Cmd) -> Result<Vec<u8>, StoreError> {
+    async fn invoke(&self, cmd: redis::Cmd, batch: Option<u8>) -> Result<Vec<u8>, StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        if self.jobs.send(Job { cmd, reply }).is_err() {
+        if self.jobs.send(Job { cmd, batch, reply }).is_err() {
             // (The batching task is gone: its runtime shut down.)
             return Err(not_connected());
         }
@@ -557,32 +702,103 @@ where
         }
         return;
     }
-    let mut pipe = redis::Pipeline::with_capacity(jobs.len());
-    let mut replies = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        pipe.add_command(job.cmd);
-        replies.push(job.reply);
-    }
-    let sent = tokio::time::timeout(deadline, run_batch(&lazy, &mut conn, &pipe)).await;
+    let (pipe, answers) = pipeline(&lazy, jobs);
+    let sent = tokio::time::timeout(deadline, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
     match sent {
         Ok(Ok(results)) => {
             lazy.observe::<()>(&Ok(()));
-            for (reply, result) in replies.into_iter().zip(results) {
+            let mut results = results.into_iter();
+            Answer::each(answers, |reply| {
+                let result = results.next().unwrap_or_else(|| Err(short_reply()));
                 let _ = reply.send(result.map_err(store_error));
-            }
+            });
         }
         Ok(Err(error)) => {
             lazy.observe::<()>(&Err(error.clone()));
-            for reply in replies {
+            Answer::each(answers, |reply| {
                 let _ = reply.send(Err(store_error(error.clone())));
-            }
+            });
         }
         Err(_) => {
             lazy.observe_timeout();
-            for reply in replies {
+            Answer::each(answers, |reply| {
                 let _ = reply.send(Err(StoreError::timeout()));
+            });
+        }
+    }
+}
+
+/// A batch's pipeline: the checks that have a batch script, two or more of
+/// a kind, as one call of it; every other check as its own command.
+fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>) {
+    let combine = lazy.combine.load(Ordering::Relaxed);
+    let mut pipe = redis::Pipeline::with_capacity(jobs.len());
+    let mut answers = Vec::with_capacity(jobs.len());
+    let mut kinds: Vec<(u8, Vec<Job>)> = Vec::new();
+    for job in jobs {
+        match job.batch.filter(|_| combine) {
+            Some(kind) => match kinds.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, same)) => same.push(job),
+                None => kinds.push((kind, vec![job])),
+            },
+            None => {
+                pipe.add_command(job.cmd);
+                answers.push(Answer::One(job.reply));
             }
         }
+    }
+    for (kind, same) in kinds {
+        let call = match (&same[..], lazy.scripts.batched(kind)) {
+            ([_, _, ..], Some(script)) => batch_call(script, &same),
+            _ => None,
+        };
+        match call {
+            Some(call) => {
+                pipe.add_command(call);
+                answers.push(Answer::Many(same));
+            }
+            None => {
+                for job in same {
+                    pipe.add_command(job.cmd);
+                    answers.push(Answer::One(job.reply));
+                }
+            }
+        }
+    }
+    (pipe, answers)
+}
+
+/// One call of `script` for the checks of `jobs` (each an `EVALSHA` of
+/// one key and one argument): their keys, then their arguments. `None`
+/// if a command is not of that shape.
+fn batch_call(script: &Script, jobs: &[Job]) -> Option<redis::Cmd> {
+    let mut bytes = 64;
+    for job in jobs {
+        let (key, numbers) = key_and_numbers(&job.cmd)?;
+        bytes += key.len() + numbers.len() + 32;
+    }
+    let mut call = redis::Cmd::with_capacity(3 + 2 * jobs.len(), bytes);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(jobs.len());
+    for job in jobs {
+        call.arg(key_and_numbers(&job.cmd)?.0);
+    }
+    for job in jobs {
+        call.arg(key_and_numbers(&job.cmd)?.1);
+    }
+    Some(call)
+}
+
+/// The key and the argument of an `EVALSHA` of one key and one argument.
+fn key_and_numbers(cmd: &redis::Cmd) -> Option<(&[u8], &[u8])> {
+    let mut args = cmd.args_iter().skip(2);
+    match (args.next(), args.next(), args.next(), args.next()) {
+        (
+            Some(redis::Arg::Simple(b"1")),
+            Some(redis::Arg::Simple(key)),
+            Some(redis::Arg::Simple(numbers)),
+            None,
+        ) => Some((key, numbers)),
+        _ => None,
     }
 }
 
@@ -599,19 +815,71 @@ async fn run_one<C: ConnectionLike>(
     }
 }
 
-/// One pipeline's replies, one per command; commands Redis did not know
-/// the script of (`NOSCRIPT`: its script cache was flushed) are sent again
-/// once the scripts are loaded.
+/// A batch's answers, one per check in the order of `answers`: its
+/// pipeline's replies, a batch script's list split among its checks.
+/// Checks of a batch script the server refused for their keys' slots go
+/// again one command each (and their kind does from then on).
 async fn run_batch<C: ConnectionLike>(
     lazy: &Lazy<C>,
     conn: &mut C,
     pipe: &redis::Pipeline,
+    answers: &[Answer],
 ) -> RedisResult<Vec<RedisResult<Vec<u8>>>> {
+    let replies = run_pipeline(lazy, conn, pipe).await?;
+    let mut out = Vec::with_capacity(pipe.len());
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        match answer {
+            Answer::One(_) => out.push(reply.and_then(bulk)),
+            Answer::Many(jobs) => match reply {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot) =>
+                {
+                    lazy.combine.store(false, Ordering::Relaxed);
+                    let mut each = redis::Pipeline::with_capacity(jobs.len());
+                    for job in jobs {
+                        each.add_command(job.cmd.clone());
+                    }
+                    let again = run_pipeline(lazy, conn, &each).await?;
+                    out.extend(again.into_iter().map(|r| r.and_then(bulk)));
+                }
+                reply => split(reply, jobs.len(), &mut out),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// A batch script's reply, one answer per check (`n` of them) into `out`.
+fn split(reply: RedisResult<redis::Value>, n: usize, out: &mut Vec<RedisResult<Vec<u8>>>) {
+    match reply {
+        Ok(redis::Value::Array(items)) if items.len() == n => {
+            out.extend(items.into_iter().map(bulk));
+        }
+        Ok(other) => {
+            let error = RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "a batch of checks got no list of one answer per check",
+                format!("{other:?}"),
+            ));
+            out.extend(std::iter::repeat_n(Err(error), n));
+        }
+        Err(error) => out.extend(std::iter::repeat_n(Err(error), n)),
+    }
+}
+
+/// One pipeline's replies, one per command (a server's error reply as an
+/// error); commands Redis did not know the script of (`NOSCRIPT`: its
+/// script cache was flushed) are sent again once their scripts are loaded.
+async fn run_pipeline<C: ConnectionLike>(
+    lazy: &Lazy<C>,
+    conn: &mut C,
+    pipe: &redis::Pipeline,
+) -> RedisResult<Vec<RedisResult<redis::Value>>> {
     let replies = conn.req_packed_commands(pipe, 0, pipe.len()).await?;
     if replies.len() != pipe.len() {
         return Err(short_reply());
     }
-    let mut results: Vec<RedisResult<Vec<u8>>> = replies.into_iter().map(bulk).collect();
+    let mut results: Vec<RedisResult<redis::Value>> = replies.into_iter().map(own_error).collect();
     let unknown: Vec<usize> = results
         .iter()
         .enumerate()
@@ -621,8 +889,8 @@ async fn run_batch<C: ConnectionLike>(
     if unknown.is_empty() {
         return Ok(results);
     }
-    // (A failed reload or second try answers only the checks it was for:
-    // the others have run, and keep their answers.)
+    // (A failed reload or second try answers only the commands it was
+    // for: the others have run, and keep their answers.)
     let unknown_cmds = || {
         pipe.cmd_iter()
             .enumerate()
@@ -645,7 +913,7 @@ async fn run_batch<C: ConnectionLike>(
         Ok(second) => {
             for (&i, value) in unknown.iter().zip(second) {
                 if let Some(slot) = results.get_mut(i) {
-                    *slot = bulk(value);
+                    *slot = own_error(value);
                 }
             }
         }
@@ -658,6 +926,16 @@ async fn run_batch<C: ConnectionLike>(
         }
     }
     Ok(results)
+}
+
+/// A command's reply, or its error: the command's own, not one in a list
+/// it answers (a batch script's failed check), which
+/// `Value::extract_error` would make the whole reply's.
+fn own_error(value: redis::Value) -> RedisResult<redis::Value> {
+    match value {
+        redis::Value::ServerError(error) => Err(error.into()),
+        value => Ok(value),
+    }
 }
 
 /// A pipeline answered with fewer replies than it had commands (redis-rs
@@ -794,6 +1072,11 @@ struct Lazy<C> {
     /// connection never recovers; the cluster client heals itself).
     drop_when_broken: bool,
     scripts: Arc<Scripts>,
+    /// Whether a batch's checks of one kind go as one call of their batch
+    /// script; turned off for good when the server refuses a call whose
+    /// keys live in several slots (a proxy in front of a sharded
+    /// deployment), after which they go one command each.
+    combine: AtomicBool,
     /// Bounds loading the scripts on a new connection (a pool's may have
     /// no response timeout, or a long one).
     load_timeout: Duration,
@@ -813,6 +1096,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             timeouts: AtomicU32::new(0),
             drop_when_broken,
             scripts,
+            combine: AtomicBool::new(true),
             load_timeout,
         })
     }
@@ -1071,16 +1355,20 @@ impl RedisStore {
         let script = inner.scripts.get(&check);
         let cmd = eval_cmd(&inner.prefix, script, &check);
         let deadline = inner.timeout;
+        let batch = Scripts::batch_of(&check);
         let reply = match (&inner.batcher, &inner.backend) {
             // A multiplexed connection's checks (the store's own or a
             // caller's pool's) go in batches, each under the store's
-            // deadline as a whole (see `Batcher`); but the sliding log's:
-            // its script costs Redis about 0.7 µs more per call in a burst
-            // than spread out, and served 0.95-0.97x the unbatched
-            // ceiling batched against 0.99-1.00x alone, where the counter
-            // algorithms' gained (BENCHMARKS.md, round 14).
-            (Some(batcher), _) if check.algorithm != Algorithm::SlidingLog && batcher.here() => {
-                batcher.invoke(cmd).await
+            // deadline as a whole (see `Batcher`); but a sliding log's
+            // that has no batch script (a block time, route-wide windows):
+            // sent in a pipeline, its script costs Redis about 0.7 µs more
+            // per call than spread out, more than the batch saves
+            // (BENCHMARKS.md, round 14).
+            (Some(batcher), _)
+                if (batch.is_some() || check.algorithm != Algorithm::SlidingLog)
+                    && batcher.here() =>
+            {
+                batcher.invoke(cmd, batch).await
             }
             // One check at a time: the connection's own response timeout
             // (the store's) bounds the call, no second timer per request.

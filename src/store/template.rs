@@ -104,6 +104,29 @@ mod tests {
                     script.contains(&format!("d{n}, n{n}")),
                     "{algorithm:?} x{n}"
                 );
+                if let Some(batched) = crate::store::redis::batched_lua(algorithm, n) {
+                    // (Each check reads its own key and argument, and the
+                    // batch's clock.)
+                    let code: Vec<&str> = batched
+                        .lines()
+                        .filter(|l| !l.trim_start().starts_with("--"))
+                        .collect();
+                    for line in &code {
+                        assert!(
+                            !line.contains(['@', '$']),
+                            "{algorithm:?} x{n} batched: {line}"
+                        );
+                        assert!(
+                            !["ARGV[1]", "KEYS[1]", "KEYS[2]"]
+                                .iter()
+                                .any(|k| line.contains(k)),
+                            "{algorithm:?} x{n} batched: {line}"
+                        );
+                    }
+                    let code = code.join("\n");
+                    assert!(code.contains("ARGV[i]") && code.contains("KEYS[i]"));
+                    assert_eq!(code.matches("redis.call('TIME')").count(), 1);
+                }
             }
         }
     }

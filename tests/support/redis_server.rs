@@ -149,6 +149,27 @@ impl RedisServer {
         panic!("redis-server did not restart; log:\n{}", self.log());
     }
 
+    /// A Cluster node that holds every slot alone: it answers a command on
+    /// keys of one slot, and refuses one whose keys live in several
+    /// (`CROSSSLOT`), as a proxy in front of a sharded deployment does.
+    #[allow(dead_code)]
+    pub fn start_cluster_of_one() -> Self {
+        let server = Self::start_with(&["--cluster-enabled", "yes"]);
+        assert_eq!(
+            server.cli(&["cluster", "addslotsrange", "0", "16383"]),
+            "OK"
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !server
+            .cli(&["cluster", "info"])
+            .contains("cluster_state:ok")
+        {
+            assert!(Instant::now() < deadline, "cluster never became ok");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
