@@ -21,6 +21,8 @@ end
 local function no_block_key()
   error('a check with a block time in a batch')
 end
+-- (Helpers the checks share, made once per batch.)
+$SHARED
 local function check(i)
   $CHECK
 end

@@ -74,44 +74,7 @@ if #tail >= 120 and #tail % 8 == 0 then
   if size == 0 then newest = 0 end
 end
 
--- The entry at index i: from the tail read (the last entries of the log,
--- from index base + 1), else one GETRANGE. (The helpers take what they
--- need as arguments: a closure costs Redis per variable it captures.)
-local function entry(i, base, tail, key)
-  if i > base then return (struct.unpack('<d', tail, 8 * (i - base) - 7)) end
-  local s = redis.call('GETRANGE', key, 8 * i - 8, 8 * i - 1)
-  if #s < 8 then error('the sliding log at ' .. key .. ' is not one this script wrote') end
-  return (struct.unpack('<d', s))
-end
-
--- The first index from `from` whose entry is after `bound`, and that
--- entry (nil: none), when the one before `from` is not: the next 16
--- entries in one read, then a binary search.
-local function seek(from, bound, size, newest, base, tail, key)
-  if newest <= bound or from > size then return size + 1, nil end
-  if from <= base then
-    local last = math.min(from + 15, base)
-    local chunk = redis.call('GETRANGE', key, 8 * from - 8, 8 * last - 1)
-    if #chunk < 8 * (last - from + 1) then
-      error('the sliding log at ' .. key .. ' is not one this script wrote')
-    end
-    for j = from, last do
-      local e = struct.unpack('<d', chunk, 8 * (j - from) + 1)
-      if e > bound then return j, e end
-    end
-    local lo, hi = last + 1, size
-    while lo < hi do
-      local mid = (lo + hi - (lo + hi) % 2) / 2
-      if entry(mid, base, tail, key) > bound then hi = mid else lo = mid + 1 end
-    end
-    return lo, entry(lo, base, tail, key)
-  end
-  for j = from, size do
-    local e = struct.unpack('<d', tail, 8 * (j - base) - 7)
-    if e > bound then return j, e end
-  end
-  return size + 1, nil
-end
+$HELPERS
 
 -- Hints for other windows, or from before a clock that went back: every
 -- window starts where the log does, and is searched for from there; and

@@ -110,6 +110,65 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Checks made together (the store sends them as one batch, in one call
+    /// of its batch script where they have one, each decided at the same
+    /// instant) decide as the memory store decides them one by one: one
+    /// check per user in a batch, so their order does not matter, and a
+    /// user's checks in successive batches build on each other.
+    #[test]
+    fn checks_sent_together_decide_as_the_memory_store(
+        algorithm in algorithm(),
+        windows in windows(),
+        start_offset in 0u64..10_000_000,
+        batches in proptest::collection::vec(
+            (proptest::collection::btree_map(0u8..6, 0u32..=3, 1..6), 0u64..1_500_000),
+            1..30,
+        ),
+        global in proptest::option::of(windows()),
+        block_ms in proptest::option::of(1u64..3_000),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let (redis, memory) = stores().await;
+            let windows: Arc<[Window]> = windows.into();
+            let global: Option<Arc<[Window]>> = global.map(Into::into);
+            let mut now = 1_767_225_600_000_000 + start_offset;
+            for (b, (users, gap_us)) in batches.iter().enumerate() {
+                now += gap_us;
+                let checks: Vec<Check> = users
+                    .iter()
+                    .map(|(user, cost)| {
+                        let mut check = Check::new(format!("r0:user{user}"), windows.clone())
+                            .with_cost(*cost)
+                            .at(Timestamp::from_micros(now));
+                        check.algorithm = algorithm;
+                        if let Some(global) = &global {
+                            check = check.with_global(GlobalCheck::new("r0:*", global.clone()));
+                        }
+                        if let Some(ms) = block_ms {
+                            check = check.with_block(Duration::from_millis(ms));
+                        }
+                        check
+                    })
+                    .collect();
+                let actual =
+                    futures_util::future::join_all(checks.iter().cloned().map(|c| redis.check(c)))
+                        .await;
+                // (Redis runs a batch's checks in the order they were made,
+                // which matters where they share a route-wide budget.)
+                for (i, (actual, check)) in actual.into_iter().zip(checks).enumerate() {
+                    let expected = memory.check(check).await.unwrap();
+                    prop_assert_eq!(actual.unwrap(), expected, "batch {}, check {}", b, i);
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
 /// One request of [`packed_logs_decide_as_the_memory_store`]: which user,
 /// how far the clock moves (back too), its cost, and which of the rules
 /// checks it.

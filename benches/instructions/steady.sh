@@ -7,8 +7,11 @@
 # and loaded by the one callgrind then counts, so only the measured checks
 # are counted, and every run counts the same calls (BENCHMARKS.md, round 12).
 #
-#   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=376
+#   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=376 BATCH=1
 #
+# BATCH: checks per call; above 1, the batch script (`lua ... --batched`),
+# as the store sends the checks of one scheduler tick, and the figure is
+# per check.
 # TAIL: the bytes the script's first GETRANGE reads (the 120-byte trailer
 # and 32 entries); another value measures a longer or shorter read.
 # Needs valgrind, redis-server and a Python with `redis`
@@ -20,11 +23,14 @@ CALLS=${CALLS:-20000}
 USERS=${USERS:-1000}
 RATE=${RATE:-80000}
 TAIL=${TAIL:-376}
+BATCH=${BATCH:-1}
+batched=
+if [ "$BATCH" -gt 1 ]; then batched=--batched; fi
 PYTHON=${PYTHON:-.venv-bench/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cargo build -q --release --example lua
-target/release/examples/lua sliding-log 3 \
+target/release/examples/lua sliding-log 3 $batched \
   | sed -e "s/'-376'/'-$TAIL'/" -e "s/#tail < 376/#tail < $TAIL/" > "$work/script.lua"
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 run() {
@@ -35,14 +41,14 @@ run() {
   sha=$(redis-cli -p "$port" script load "$(cat "$work/script.lua")")
 }
 run redis-server
-"$PYTHON" benches/instructions/drive.py "$port" "$sha" "$WARM" "$USERS" store 0 "$RATE"
+"$PYTHON" benches/instructions/drive.py "$port" "$sha" "$WARM" "$USERS" store 0 "$RATE" "$BATCH"
 redis-cli -p "$port" shutdown save >/dev/null 2>&1 || true
 wait "$server" || true
 run valgrind --tool=callgrind --collect-atstart=no --toggle-collect=evalShaCommand \
   --callgrind-out-file="$work/cg.out" redis-server --save ''
-"$PYTHON" benches/instructions/drive.py "$port" "$sha" "$CALLS" "$USERS" store "$WARM" "$RATE"
+"$PYTHON" benches/instructions/drive.py "$port" "$sha" "$CALLS" "$USERS" store "$WARM" "$RATE" "$BATCH"
 reads=$(redis-cli -p "$port" info commandstats | sed -n 's/^cmdstat_getrange:calls=\([0-9]*\),.*/\1/p')
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$server" || true
 total=$(grep -E '^(summary|totals):' "$work/cg.out" | head -1 | awk '{print $2}')
-echo "sliding log, tail read of $TAIL bytes, $((RATE / USERS)) checks/s per user: $((total / CALLS)) instructions per EVALSHA, $(awk "BEGIN { printf \"%.2f\", ${reads:-0} / $CALLS }") GETRANGEs per check"
+echo "sliding log, tail read of $TAIL bytes, $((RATE / USERS)) checks/s per user: $((total / CALLS)) instructions per check ($BATCH per EVALSHA), $(awk "BEGIN { printf \"%.2f\", ${reads:-0} / $CALLS }") GETRANGEs per check"

@@ -205,6 +205,10 @@ const STRAIGHT_REMAP: &str = include_str!("../../scripts/straight_remap.lua");
 const STRAIGHT_LOG_TTL: &str = include_str!("../../scripts/straight_log_ttl.lua");
 const STRAIGHT_LOG_PACKED: &str = include_str!("../../scripts/straight_log_packed.lua");
 
+/// The packed log's helper functions (`$HELPERS`, or the batch script's
+/// `$SHARED`).
+const STRAIGHT_LOG_HELPERS: &str = include_str!("../../scripts/straight_log_helpers.lua");
+
 /// The straight-line script the store runs for a check of `windows` user
 /// windows with `algorithm`, no route-wide windows and no block time, when
 /// there is one (1 to 5 windows): it decides exactly as the general script
@@ -281,6 +285,9 @@ struct CallVars {
     /// The block marker's key (`$KEY2`, the sliding log's).
     block_key: &'static str,
     clock: &'static str,
+    /// Whether the script's helper functions are made by the batch script
+    /// around it, once per batch (`$SHARED`), not in the check's code.
+    shared_helpers: bool,
 }
 
 /// A check alone: its own call's.
@@ -289,6 +296,7 @@ const ALONE: CallVars = CallVars {
     key: "KEYS[1]",
     block_key: "KEYS[2]",
     clock: "redis.call('TIME')",
+    shared_helpers: false,
 };
 
 /// Check `i` of a batch (`scripts/batched.lua`).
@@ -297,6 +305,7 @@ const IN_BATCH: CallVars = CallVars {
     key: "KEYS[i]",
     block_key: "no_block_key()",
     clock: "server_time()",
+    shared_helpers: true,
 };
 
 /// Checks of one algorithm and window count sent together
@@ -320,14 +329,17 @@ const BATCHED: &str = include_str!("../../scripts/batched.lua");
 /// assert!(batched_lua(Algorithm::FixedWindow, 6).is_none());
 /// ```
 pub fn batched_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
-    let check = match counter_template(algorithm) {
-        None => packed_log_lua(windows, &IN_BATCH)?,
-        Some(template) => counter_lua(template, windows, &IN_BATCH)?,
+    let (check, shared) = match counter_template(algorithm) {
+        None => (packed_log_lua(windows, &IN_BATCH)?, STRAIGHT_LOG_HELPERS),
+        Some(template) => (counter_lua(template, windows, &IN_BATCH)?, ""),
     };
     Some(super::template::expand(
         BATCHED,
         windows,
-        &[("CHECK", check.trim_end().to_owned())],
+        &[
+            ("CHECK", check.trim_end().to_owned()),
+            ("SHARED", shared.trim_end().to_owned()),
+        ],
     ))
 }
 
@@ -355,6 +367,14 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             ("KEY1", call.key.to_owned()),
             ("KEY2", call.block_key.to_owned()),
             ("CLOCK", call.clock.to_owned()),
+            (
+                "HELPERS",
+                if call.shared_helpers {
+                    String::new()
+                } else {
+                    STRAIGHT_LOG_HELPERS.trim_end().to_owned()
+                },
+            ),
             ("ZFMT", zero_format),
             ("ZARG", zero_arg),
             ("ARGFP", ", fp".to_owned()),
