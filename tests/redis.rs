@@ -452,6 +452,29 @@ async fn a_request_alone_costs_exactly_one_command() {
     }
 }
 
+/// A batch script's call decides at most 64 checks (it holds Redis for
+/// its whole run): 150 checks made at once go as three calls, each check
+/// with its own answer.
+#[tokio::test]
+async fn a_big_batch_goes_as_several_calls() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::new().hour(1).algorithm(Algorithm::FixedWindow);
+    let app = App::with(one_route(rule), store, |l| l.denial_cache(0));
+    assert_eq!(server.cli(&["config", "resetstat"]), "OK");
+    let users: Vec<String> = (0..150).map(|i| format!("u{i}")).collect();
+    for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+        let replies = futures_util::future::join_all(users.iter().map(|u| app.get("/a", u))).await;
+        assert!(replies.iter().all(|r| r.status == expected));
+    }
+    assert_eq!(server.calls("evalsha"), 6);
+}
+
 /// A check of a batch that fails in Redis (its key holds another type)
 /// fails alone: the checks sent with it keep their exact answers.
 #[tokio::test]

@@ -631,6 +631,11 @@ impl Answer {
 /// The most checks sent in one pipeline.
 const MAX_BATCH: usize = 256;
 
+/// The most checks decided by one call of a batch script: a call holds
+/// Redis (every client of it) for its whole run, a few microseconds per
+/// check.
+const MAX_PER_CALL: usize = 64;
+
 impl Batcher {
     /// Starts the batching task on the current runtime (none outside one).
     fn spawn<C>(lazy: &Arc<Lazy<C>>, deadline: Duration) -> Option<Self>
@@ -757,7 +762,10 @@ fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>)
     let mut kinds: Vec<(u8, Vec<Job>)> = Vec::new();
     for job in jobs {
         match job.batch.filter(|_| combine) {
-            Some(kind) => match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some(kind) => match kinds
+                .iter_mut()
+                .find(|(k, same)| *k == kind && same.len() < MAX_PER_CALL)
+            {
                 Some((_, same)) => same.push(job),
                 None => kinds.push((kind, vec![job])),
             },
