@@ -23,18 +23,22 @@
 //!
 //! - [`RedisStoreBuilder::url`] (the default shape): one multiplexed,
 //!   pipelining connection, shared by every request, replaced in the
-//!   background when it breaks. A check costs exactly one Redis command;
-//!   the counter algorithms' checks of requests that run in the same
-//!   scheduler tick leave in one pipeline (one write to the socket, one
-//!   deadline), with no window to wait out (here and on a pool's
-//!   connection; the sliding log's go one at a time, which measured
-//!   faster for its script).
+//!   background when it breaks. A check costs at most one Redis command:
+//!   a check alone is one `EVALSHA`; the checks of requests that run in
+//!   the same scheduler tick leave together (here and on a pool's
+//!   connection), with no window to wait out, and those of one algorithm
+//!   and window count go as one call of a batch script
+//!   ([`batched_lua`]), up to 64 a call: one write, one deadline, one
+//!   script call and one reading of Redis's clock for them all, each
+//!   decided exactly as alone. A server that refuses a call on keys of
+//!   several slots (a proxy in front of a sharded deployment) gets them
+//!   one command each from then on.
 //! - [`RedisStoreBuilder::cluster`]: Redis Cluster through redis-rs' async
 //!   cluster client, with response and connection timeouts set.
 //! - [`RedisStoreBuilder::pool`] / [`RedisStoreBuilder::cluster_pool`]: a
 //!   `deadpool-redis` pool the caller owns and may share with other code.
 //!   Its connections multiplex, so the store checks one out when it starts
-//!   and runs every check on it, one command each, and replaces it through
+//!   and runs every check on it, as on its own connection, and replaces it through
 //!   the pool when it breaks. Checking one out per check would add the
 //!   pool's health check (`UNWATCH` + `PING`, one more round trip) to
 //!   every check: measured under 50 concurrent checks, that shape serves
