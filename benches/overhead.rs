@@ -1,11 +1,12 @@
 //! The middleware's own cost, without HTTP: requests straight through
 //! `Service::call` of bare service, tower_governor and this crate on the
-//! memory store (same key kind: the peer IP; headers on), one thread,
+//! memory store (same key kind: the peer IP; headers on), and both keyed
+//! by an `x-user` header over 1,000 users (`*-header`), one thread,
 //! interleaved passes, medians. What the load harness measures with the
 //! whole HTTP stack around it, isolated here.
 //!
 //! ```sh
-//! cargo bench --bench overhead          # PASSES=5 REQUESTS=300000
+//! cargo bench --bench overhead          # PASSES=5 REQUESTS=300000 (ONLY=name: one row)
 //! ONLY=ours-gcra valgrind --tool=callgrind target/release/deps/overhead-*  # instructions
 //! ```
 #![allow(missing_docs)]
@@ -42,17 +43,25 @@ fn inner() -> Inner {
 }
 
 /// Runs `n` requests through `service`; returns ns per request.
-fn drive<S>(service: &mut S, n: usize) -> f64
+fn drive<S>(service: &mut S, n: usize, users: bool) -> f64
 where
     S: Service<Request<Body>>,
     S::Error: std::fmt::Debug,
 {
     let peer = ConnectInfo(SocketAddr::from(([10, 1, 2, 3], 4000)));
+    let names: Vec<http::HeaderValue> = (0..1000)
+        .map(|i| http::HeaderValue::from_str(&format!("user-{i}")).unwrap())
+        .collect();
     let started = Instant::now();
-    for _ in 0..n {
+    for i in 0..n {
         let mut request = Request::new(Body::empty());
         *request.uri_mut() = http::Uri::from_static("/api/items");
         request.extensions_mut().insert(peer);
+        if users {
+            request
+                .headers_mut()
+                .insert("x-user", names[i % names.len()].clone());
+        }
         let ready = service.ready().now_or_never().unwrap().unwrap();
         let response = ready.call(request).now_or_never().unwrap().unwrap();
         std::hint::black_box(response);
@@ -63,15 +72,42 @@ where
 /// A named service to drive: runs n requests, returns ns per request.
 type Runner = (&'static str, Box<dyn FnMut(usize) -> f64>);
 
-fn ours(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
-    let rules = Rules::builder()
+fn rules(algorithm: Algorithm) -> Rules {
+    Rules::builder()
         .route(
             "^/api",
             [Rule::new().second(1_000_000_000).algorithm(algorithm)],
         )
         .build()
-        .unwrap();
-    RateLimitLayer::new(rules, MemoryStore::new()).layer(inner())
+        .unwrap()
+}
+
+fn ours(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
+    RateLimitLayer::new(rules(algorithm), MemoryStore::new()).layer(inner())
+}
+
+/// Keyed by the `x-user` header (the crate's own header identity).
+fn ours_header() -> impl Service<Request<Body>, Error = Infallible> {
+    let user = tower_ratelimit::identity::HeaderValue::new(http::HeaderName::from_static("x-user"));
+    RateLimitLayer::new(rules(Algorithm::SlidingLog), MemoryStore::new())
+        .identify(user)
+        .layer(inner())
+}
+
+/// tower_governor keyed by the `x-user` header's bytes (as the load
+/// harness's `governor-header`).
+#[derive(Clone)]
+struct UserKey;
+
+impl tower_governor::key_extractor::KeyExtractor for UserKey {
+    type Key = Vec<u8>;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<Vec<u8>, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-user")
+            .map(|v| v.as_bytes().to_vec())
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
 }
 
 fn main() {
@@ -87,16 +123,42 @@ fn main() {
     };
     let mut services: Vec<Runner> = Vec::new();
     let mut bare = inner();
-    services.push(("bare", Box::new(move |n| drive(&mut bare, n))));
+    services.push(("bare", Box::new(move |n| drive(&mut bare, n, false))));
+    let mut bare_header = inner();
+    services.push((
+        "bare-header",
+        Box::new(move |n| drive(&mut bare_header, n, true)),
+    ));
     let mut governor = governor;
-    services.push(("governor", Box::new(move |n| drive(&mut governor, n))));
+    services.push((
+        "governor",
+        Box::new(move |n| drive(&mut governor, n, false)),
+    ));
     let mut sliding = ours(Algorithm::SlidingLog);
     services.push((
         "ours-sliding-log",
-        Box::new(move |n| drive(&mut sliding, n)),
+        Box::new(move |n| drive(&mut sliding, n, false)),
     ));
     let mut gcra = ours(Algorithm::TokenBucket);
-    services.push(("ours-gcra", Box::new(move |n| drive(&mut gcra, n))));
+    services.push(("ours-gcra", Box::new(move |n| drive(&mut gcra, n, false))));
+    let mut governor_header = {
+        use tower_governor::governor::GovernorConfigBuilder;
+        use tower_governor::GovernorLayer;
+        let mut builder = GovernorConfigBuilder::default()
+            .use_headers()
+            .key_extractor(UserKey);
+        builder.per_nanosecond(1).burst_size(1_000_000);
+        GovernorLayer::new(Arc::new(builder.finish().unwrap())).layer(inner())
+    };
+    services.push((
+        "governor-header",
+        Box::new(move |n| drive(&mut governor_header, n, true)),
+    ));
+    let mut header = ours_header();
+    services.push((
+        "ours-header",
+        Box::new(move |n| drive(&mut header, n, true)),
+    ));
     services.retain(|(name, _)| only.as_deref().is_none_or(|o| o == *name));
 
     let mut samples: Vec<Vec<f64>> = services.iter().map(|_| Vec::new()).collect();
@@ -113,20 +175,28 @@ fn main() {
         v[v.len() / 2]
     };
     let medians: Vec<f64> = samples.iter_mut().map(median).collect();
-    let bare = services
-        .iter()
-        .position(|(n, _)| *n == "bare")
-        .map(|i| medians[i]);
-    let governor = services
-        .iter()
-        .position(|(n, _)| *n == "governor")
-        .map(|i| medians[i]);
+    let find = |name: &str| {
+        services
+            .iter()
+            .position(|(n, _)| *n == name)
+            .map(|i| medians[i])
+    };
+    // (The header-keyed rows against the bare service and governor
+    // sent the same header.)
+    let bases = |name: &str| {
+        if name.ends_with("-header") {
+            (find("bare-header"), find("governor-header"))
+        } else {
+            (find("bare"), find("governor"))
+        }
+    };
     println!("{passes} interleaved passes of {requests} requests, medians (one thread, no HTTP)");
     println!(
         "{:<18} {:>8} {:>12} {:>16}",
         "service", "ns/req", "layer ns", "layer vs governor"
     );
     for ((name, _), ns) in services.iter().zip(&medians) {
+        let (bare, governor) = bases(name);
         let layer = bare.map(|b| ns - b);
         let vs = match (layer, bare.zip(governor)) {
             (Some(l), Some((b, g))) if g > b => format!("{:.2}", l / (g - b)),
