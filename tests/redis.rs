@@ -410,6 +410,50 @@ async fn concurrent_checks_get_their_own_answers_in_batches() {
     }
 }
 
+/// Every script, the batch scripts too, is loaded when the store connects
+/// (in one pipeline), and none again under load: checks alone and checks
+/// sent together find theirs.
+#[tokio::test]
+async fn every_script_is_loaded_once_at_start_up() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    // 4 general scripts, and per algorithm 5 straight-line and 5 batch
+    // scripts (1 to 5 windows).
+    let scripts = 4 + 4 * 5 * 2;
+    assert_eq!(server.calls("script|load"), scripts);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let rules = Rules::builder()
+            .route(
+                "^/a",
+                [Rule::new().second(5).minute(50).algorithm(algorithm)],
+            )
+            .build()
+            .unwrap();
+        let app = App::with(rules, store.clone(), |l| l.denial_cache(0));
+        app.get("/a", "alone").await;
+        let users = ["x", "y", "z"];
+        futures_util::future::join_all((0..12).map(|i| app.get("/a", users[i % 3]))).await;
+    }
+    assert_eq!(server.calls("script|load"), scripts);
+    // (No NOSCRIPT: not one call failed.)
+    let stats = server.cli(&["info", "commandstats"]);
+    let evalsha = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or_default();
+    assert!(evalsha.contains(",failed_calls=0"), "{stats}");
+}
+
 /// A request alone (nothing else in flight) costs exactly one command, its
 /// script's `EVALSHA`, whatever the algorithm; none for a locally denied
 /// one.

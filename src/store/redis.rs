@@ -467,19 +467,27 @@ impl Scripts {
     }
 
     fn new() -> Self {
-        let straight = |algorithm| {
-            std::array::from_fn(|i| {
-                Script::new(&straight_lua(algorithm, i + 1).unwrap_or_default())
-            })
-        };
-        let batched = |algorithm| {
-            std::array::from_fn(|i| Script::new(&batched_lua(algorithm, i + 1).unwrap_or_default()))
-        };
+        // (`from_fn` makes its elements in order: the order of `codes`.)
+        let mut codes = Self::codes();
+        let mut next = || Script::new(&codes.next().unwrap_or_default());
         Self {
-            general: ALGORITHMS.map(|algorithm| Script::new(general_lua(algorithm))),
-            straight: ALGORITHMS.map(straight),
-            batched: ALGORITHMS.map(batched),
+            general: std::array::from_fn(|_| next()),
+            straight: std::array::from_fn(|_| std::array::from_fn(|_| next())),
+            batched: std::array::from_fn(|_| std::array::from_fn(|_| next())),
         }
+    }
+
+    /// Every script's code, in the order of [`all`](Self::all): made again
+    /// to load them rather than kept (a few hundred kilobytes).
+    fn codes() -> impl Iterator<Item = String> {
+        let general = ALGORITHMS.into_iter().map(|a| general_lua(a).to_owned());
+        let straight = ALGORITHMS.into_iter().flat_map(move |a| {
+            (1..=STRAIGHT_MAX_WINDOWS).map(move |w| straight_lua(a, w).unwrap_or_default())
+        });
+        let batched = ALGORITHMS.into_iter().flat_map(move |a| {
+            (1..=STRAIGHT_MAX_WINDOWS).map(move |w| batched_lua(a, w).unwrap_or_default())
+        });
+        general.chain(straight).chain(batched)
     }
 
     /// Which batch script runs `check` with others of its kind (an index
@@ -513,12 +521,13 @@ impl Scripts {
     }
 
     /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
-    /// them by SHA.
+    /// them by SHA: all in one pipeline, one round trip.
     async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
-        for script in self.all() {
-            script.prepare_invoke().load_async(conn).await?;
+        let mut pipe = redis::pipe();
+        for code in Self::codes() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(code).ignore();
         }
-        Ok(())
+        pipe.query_async::<()>(conn).await
     }
 }
 
