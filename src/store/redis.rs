@@ -880,8 +880,11 @@ async fn run_batch<C: ConnectionLike>(
                     for job in jobs {
                         each.add_command(job.cmd.clone());
                     }
-                    let again = run_pipeline(lazy, conn, &each).await?;
-                    out.extend(again.into_iter().map(|r| r.and_then(bulk)));
+                    // (A failed second try answers only these checks.)
+                    match run_pipeline(lazy, conn, &each).await {
+                        Ok(again) => out.extend(again.into_iter().map(|r| r.and_then(bulk))),
+                        Err(error) => out.extend(std::iter::repeat_n(Err(error), jobs.len())),
+                    }
                 }
                 reply => split(reply, jobs.len(), &mut out),
             },
