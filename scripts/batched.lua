@@ -35,7 +35,7 @@ for i = 1, #KEYS do
     -- (An error a command raised, as Redis gives it: a table with `err`.)
     replies[i] = reply
   else
-    replies[i] = { err = tostring(reply) }
+    replies[i] = { err = 'ERR ' .. tostring(reply) }
   end
 end
 return replies

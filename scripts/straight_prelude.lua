@@ -15,7 +15,7 @@
 -- (ARGV[1] as prelude.lua reads it, without the two window counts; the
 -- counters' without the block time too, which they never have. In a
 -- script of checks sent together, the check's own argument, key and the
--- batch's one reading of the clock: see batched_counters.lua.)
+-- batch's one reading of the clock: see batched.lua.)
 local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
   struct.unpack('<dd$BLOCKFMT$each(){dd}$ARGFMT', $ARGV1)
 local ttl_pad = 10000 -- see prelude.lua

@@ -454,6 +454,23 @@ async fn every_script_is_loaded_once_at_start_up() {
     assert!(evalsha.contains(",failed_calls=0"), "{stats}");
 }
 
+/// On a Cluster every master gets every script when the store connects
+/// (a check may land on any of them).
+#[tokio::test]
+async fn a_cluster_store_loads_every_script_on_every_master() {
+    let cluster = support::redis_server::RedisCluster::start();
+    let _store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(TEST_TIMEOUT)
+        .connect_timeout(TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    for node in &cluster.nodes {
+        assert!(node.calls("script|load") >= 4 + 4 * 5 * 2, "{}", node.url());
+    }
+}
+
 /// A request alone (nothing else in flight) costs exactly one command, its
 /// script's `EVALSHA`, whatever the algorithm; none for a locally denied
 /// one.
@@ -519,6 +536,32 @@ async fn a_big_batch_goes_as_several_calls() {
         assert!(replies.iter().all(|r| r.status == expected));
     }
     assert_eq!(server.calls("evalsha"), 6);
+}
+
+/// With `combine_checks(false)` (behind a sharding proxy) the checks of a
+/// batch go one `EVALSHA` each, every one on its own user's key.
+#[tokio::test]
+async fn checks_can_be_kept_one_command_each() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(TEST_TIMEOUT)
+        .combine_checks(false)
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::new().hour(2).algorithm(Algorithm::TokenBucket);
+    let app = App::with(one_route(rule), store, |l| l.denial_cache(0));
+    assert_eq!(server.cli(&["config", "resetstat"]), "OK");
+    let users = ["a", "b", "c", "d"];
+    let replies =
+        futures_util::future::join_all((0..12).map(|i| app.get("/a", users[i % 4]))).await;
+    let allowed = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .count();
+    assert_eq!(allowed, 8);
+    assert_eq!(server.calls("evalsha"), 12);
 }
 
 /// A check of a batch that fails in Redis (its key holds another type)
@@ -596,11 +639,15 @@ async fn a_server_refusing_keys_of_several_slots_gets_checks_one_by_one() {
         let expected = if round == 0 { [5, 5, 5] } else { [3, 3, 3] };
         assert_eq!(users.map(ok), expected, "round {round}");
     }
-    // Every check its own EVALSHA (the refused call is not counted).
+    // Every check its own EVALSHA (the refused call is not counted, but
+    // rejected, once).
     assert_eq!(server.calls("evalsha"), 30);
-    assert!(server
-        .cli(&["info", "commandstats"])
-        .contains("rejected_calls=1"));
+    let stats = server.cli(&["info", "commandstats"]);
+    let evalsha = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or_default();
+    assert!(evalsha.contains(",rejected_calls=1,"), "{evalsha}");
 }
 
 /// A store built on one runtime and used on another after the first is

@@ -31,8 +31,9 @@
 //!   ([`batched_lua`]), up to 64 a call: one write, one deadline, one
 //!   script call and one reading of Redis's clock for them all, each
 //!   decided exactly as alone. A server that refuses a call on keys of
-//!   several slots (a proxy in front of a sharded deployment) gets them
-//!   one command each from then on.
+//!   several slots gets them one command each from then on; behind a
+//!   proxy that shards keys and routes a call by its first key, set
+//!   [`RedisStoreBuilder::combine_checks`] off.
 //! - [`RedisStoreBuilder::cluster`]: Redis Cluster through redis-rs' async
 //!   cluster client, with response and connection timeouts set.
 //! - [`RedisStoreBuilder::pool`] / [`RedisStoreBuilder::cluster_pool`]: a
@@ -448,7 +449,7 @@ impl Scripts {
     /// Loads the scripts `cmds` name (each once): what a `NOSCRIPT` reply
     /// needs, in as many round trips as there are distinct scripts (one,
     /// as a rule), not one per script the store has.
-    async fn load_for<'a, C: ConnectionLike>(
+    async fn load_for<'a, C: ConnectionLike + Clone>(
         &self,
         conn: &mut C,
         cmds: impl Iterator<Item = &'a redis::Cmd>,
@@ -477,8 +478,7 @@ impl Scripts {
         }
     }
 
-    /// Every script's code, in the order of [`all`](Self::all): made again
-    /// to load them rather than kept (a few hundred kilobytes).
+    /// Every script's code, in the order of [`all`](Self::all).
     fn codes() -> impl Iterator<Item = String> {
         let general = ALGORITHMS.into_iter().map(|a| general_lua(a).to_owned());
         let straight = ALGORITHMS.into_iter().flat_map(move |a| {
@@ -521,13 +521,16 @@ impl Scripts {
     }
 
     /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
-    /// them by SHA: all in one pipeline, one round trip.
-    async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
-        let mut pipe = redis::pipe();
-        for code in Self::codes() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(code).ignore();
-        }
-        pipe.query_async::<()>(conn).await
+    /// them by SHA: all at once, so a multiplexed connection sends them
+    /// together (one round trip, not one per script), and a Cluster
+    /// client sends each to every master (it would send a pipeline of
+    /// them to one node).
+    async fn load<C: ConnectionLike + Clone>(&self, conn: &mut C) -> RedisResult<()> {
+        let loads = self.all().map(|script| {
+            let mut conn = conn.clone();
+            async move { script.prepare_invoke().load_async(&mut conn).await }
+        });
+        futures_util::future::try_join_all(loads).await.map(drop)
     }
 }
 
@@ -743,8 +746,8 @@ where
     let (pipe, answers) = pipeline(&lazy, jobs);
     let sent = tokio::time::timeout(deadline, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
     match sent {
-        Ok(Ok(results)) => {
-            lazy.observe::<()>(&Ok(()));
+        Ok(Ok((results, health))) => {
+            lazy.observe::<()>(&health.map_or(Ok(()), Err));
             let mut results = results.into_iter();
             Answer::each(answers, |reply| {
                 let result = results.next().unwrap_or_else(|| Err(short_reply()));
@@ -845,7 +848,7 @@ fn key_and_numbers(cmd: &redis::Cmd) -> Option<(&[u8], &[u8])> {
 
 /// One command's reply, sent again once the scripts are loaded if Redis
 /// did not know its script.
-async fn run_one<C: ConnectionLike>(
+async fn run_one<C: ConnectionLike + Clone>(
     lazy: &Lazy<C>,
     conn: &mut C,
     cmd: &redis::Cmd,
@@ -859,14 +862,17 @@ async fn run_one<C: ConnectionLike>(
 /// A batch's answers, one per check in the order of `answers`: its
 /// pipeline's replies, a batch script's list split among its checks.
 /// Checks of a batch script the server refused for their keys' slots go
-/// again one command each (and their kind does from then on).
-async fn run_batch<C: ConnectionLike>(
+/// again one command each (and their kind does from then on); the error
+/// of that second try, if any, is returned too, for the connection's
+/// health.
+async fn run_batch<C: ConnectionLike + Clone>(
     lazy: &Lazy<C>,
     conn: &mut C,
     pipe: &redis::Pipeline,
     answers: &[Answer],
-) -> RedisResult<Vec<RedisResult<Vec<u8>>>> {
+) -> RedisResult<(Vec<RedisResult<Vec<u8>>>, Option<RedisError>)> {
     let replies = run_pipeline(lazy, conn, pipe).await?;
+    let mut health = None;
     let mut out = Vec::with_capacity(pipe.len());
     for (reply, answer) in replies.into_iter().zip(answers) {
         match answer {
@@ -883,14 +889,17 @@ async fn run_batch<C: ConnectionLike>(
                     // (A failed second try answers only these checks.)
                     match run_pipeline(lazy, conn, &each).await {
                         Ok(again) => out.extend(again.into_iter().map(|r| r.and_then(bulk))),
-                        Err(error) => out.extend(std::iter::repeat_n(Err(error), jobs.len())),
+                        Err(error) => {
+                            out.extend(std::iter::repeat_n(Err(error.clone()), jobs.len()));
+                            health = Some(error);
+                        }
                     }
                 }
                 reply => split(reply, jobs.len(), &mut out),
             },
         }
     }
-    Ok(out)
+    Ok((out, health))
 }
 
 /// A batch script's reply, one answer per check (`n` of them) into `out`.
@@ -914,7 +923,7 @@ fn split(reply: RedisResult<redis::Value>, n: usize, out: &mut Vec<RedisResult<V
 /// One pipeline's replies, one per command (a server's error reply as an
 /// error); commands Redis did not know the script of (`NOSCRIPT`: its
 /// script cache was flushed) are sent again once their scripts are loaded.
-async fn run_pipeline<C: ConnectionLike>(
+async fn run_pipeline<C: ConnectionLike + Clone>(
     lazy: &Lazy<C>,
     conn: &mut C,
     pipe: &redis::Pipeline,
@@ -1346,6 +1355,7 @@ pub struct RedisStoreBuilder {
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
+    combine_checks: bool,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -1353,6 +1363,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
         f.debug_struct("RedisStoreBuilder")
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("combine_checks", &self.combine_checks)
             .finish_non_exhaustive()
     }
 }
@@ -1365,6 +1376,7 @@ impl RedisStore {
             prefix: "rl".to_owned(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            combine_checks: true,
         }
     }
 
@@ -1674,7 +1686,7 @@ fn is_noscript(e: &RedisError) -> bool {
 }
 
 /// Loads the script `cmd` names through `conn` and sends `cmd` again.
-async fn reload_and_retry<C: ConnectionLike>(
+async fn reload_and_retry<C: ConnectionLike + Clone>(
     conn: &mut C,
     cmd: &redis::Cmd,
     scripts: &Scripts,
@@ -1889,6 +1901,33 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether the checks sent together on one server (a batch: the
+    /// requests of one scheduler tick) go, those of one algorithm and
+    /// window count, as one call of a batch script (the default), or one
+    /// `EVALSHA` each, still in one write. Turn it off behind a proxy that
+    /// shards keys over several servers and routes a call by its first key
+    /// (twemproxy, Envoy's Redis proxy): a call of several users' checks
+    /// would reach the first user's shard only. A server that refuses such
+    /// a call (`CROSSSLOT`) turns it off by itself. A Cluster's checks go
+    /// one command each whatever this says.
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::store::redis::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_ratelimit::StoreError> {
+    /// // Through a sharding proxy:
+    /// let store = RedisStore::builder()
+    ///     .url("redis://twemproxy:22121")
+    ///     .combine_checks(false)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn combine_checks(mut self, combine: bool) -> Self {
+        self.combine_checks = combine;
+        self
+    }
+
     /// Builds the store and loads the script.
     ///
     /// Fails only on configuration errors (no target, an invalid URL, a
@@ -1989,8 +2028,14 @@ impl RedisStoreBuilder {
             }
         };
         let batcher = match &backend {
-            Backend::Direct(lazy) => Batcher::spawn(lazy, self.timeout),
-            Backend::Pool(lazy) => Batcher::spawn(lazy, self.timeout),
+            Backend::Direct(lazy) => {
+                lazy.combine.store(self.combine_checks, Ordering::Relaxed);
+                Batcher::spawn(lazy, self.timeout)
+            }
+            Backend::Pool(lazy) => {
+                lazy.combine.store(self.combine_checks, Ordering::Relaxed);
+                Batcher::spawn(lazy, self.timeout)
+            }
             Backend::Cluster(_) | Backend::ClusterPool(_) => None,
         };
         Ok(RedisStore {
