@@ -30,6 +30,24 @@ async fn stores() -> (RedisStore, MemoryStore) {
     (redis, MemoryStore::new())
 }
 
+/// `check` with `algorithm`, and a route-wide budget and a block time when
+/// given.
+fn shaped(
+    mut check: Check,
+    algorithm: Algorithm,
+    global: &Option<Arc<[Window]>>,
+    block_ms: Option<u64>,
+) -> Check {
+    check.algorithm = algorithm;
+    if let Some(global) = global {
+        check = check.with_global(GlobalCheck::new("r0:*", global.clone()));
+    }
+    if let Some(ms) = block_ms {
+        check = check.with_block(Duration::from_millis(ms));
+    }
+    check
+}
+
 #[derive(Debug, Clone)]
 struct Step {
     user: u8,
@@ -91,16 +109,9 @@ proptest! {
             let mut now = 1_767_225_600_000_000 + start_offset;
             for (i, step) in steps.iter().enumerate() {
                 now += step.gap_us;
-                let mut check = Check::new(format!("r0:user{}", step.user), windows.clone())
+                let check = shaped(Check::new(format!("r0:user{}", step.user), windows.clone())
                     .with_cost(step.cost)
-                    .at(Timestamp::from_micros(now));
-                check.algorithm = algorithm;
-                if let Some(global) = &global {
-                    check = check.with_global(GlobalCheck::new("r0:*", global.clone()));
-                }
-                if let Some(ms) = block_ms {
-                    check = check.with_block(Duration::from_millis(ms));
-                }
+                    .at(Timestamp::from_micros(now)), algorithm, &global, block_ms);
                 let expected = memory.check(check.clone()).await.unwrap();
                 let actual = redis.check(check).await.unwrap();
                 prop_assert_eq!(&actual, &expected, "step {} of {:?}", i, steps);
@@ -144,17 +155,10 @@ proptest! {
                 let checks: Vec<Check> = users
                     .iter()
                     .map(|(user, cost)| {
-                        let mut check = Check::new(format!("r0:user{user}"), windows.clone())
+                        let check = Check::new(format!("r0:user{user}"), windows.clone())
                             .with_cost(*cost)
                             .at(Timestamp::from_micros(now));
-                        check.algorithm = algorithm;
-                        if let Some(global) = &global {
-                            check = check.with_global(GlobalCheck::new("r0:*", global.clone()));
-                        }
-                        if let Some(ms) = block_ms {
-                            check = check.with_block(Duration::from_millis(ms));
-                        }
-                        check
+                        shaped(check, algorithm, &global, block_ms)
                     })
                     .collect();
                 let actual =

@@ -32,6 +32,29 @@ async fn standalone_at(prefix: &str) -> RedisStore {
         .unwrap()
 }
 
+/// `EVALSHA`'s line of the server's `INFO commandstats` (calls, time,
+/// rejected and failed calls).
+fn evalsha_stats(server: &RedisServer) -> String {
+    server
+        .cli(&["info", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The commands the server has run since its stats were reset (those
+/// scripts called included), by name, sorted.
+fn commands_run(server: &RedisServer) -> Vec<String> {
+    let mut ran: Vec<String> = server
+        .cli(&["info", "commandstats"])
+        .lines()
+        .filter_map(|l| Some(l.strip_prefix("cmdstat_")?.split(':').next()?.to_owned()))
+        .collect();
+    ran.sort_unstable();
+    ran
+}
+
 /// A store on a server of the test's own.
 async fn own_store(server: &RedisServer) -> RedisStore {
     RedisStore::builder()
@@ -416,12 +439,7 @@ async fn concurrent_checks_get_their_own_answers_in_batches() {
 #[tokio::test]
 async fn every_script_is_loaded_once_at_start_up() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     // 4 general scripts, and per algorithm 5 straight-line and 5 batch
     // scripts (1 to 5 windows).
     let scripts = 4 + 4 * 5 * 2;
@@ -446,12 +464,8 @@ async fn every_script_is_loaded_once_at_start_up() {
     }
     assert_eq!(server.calls("script|load"), scripts);
     // (No NOSCRIPT: not one call failed.)
-    let stats = server.cli(&["info", "commandstats"]);
-    let evalsha = stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .unwrap_or_default();
-    assert!(evalsha.contains(",failed_calls=0"), "{stats}");
+    let evalsha = evalsha_stats(&server);
+    assert!(evalsha.contains(",failed_calls=0"), "{evalsha}");
 }
 
 /// On a Cluster every master gets every script when the store connects
@@ -483,12 +497,7 @@ async fn a_request_alone_costs_exactly_one_command() {
         Algorithm::TokenBucket,
     ] {
         let server = RedisServer::start();
-        let store = RedisStore::builder()
-            .url(server.url())
-            .timeout(TEST_TIMEOUT)
-            .build()
-            .await
-            .unwrap();
+        let store = own_store(&server).await;
         let app = App::with(
             one_route(Rule::new().second(3).hour(100).algorithm(algorithm)),
             store,
@@ -499,14 +508,9 @@ async fn a_request_alone_costs_exactly_one_command() {
             app.get("/a", "u").await;
             assert_eq!(server.calls("evalsha"), n, "{algorithm:?}");
         }
-        let stats = server.cli(&["info", "commandstats"]);
         // (Besides the test's own CONFIG and INFO, and what scripts call.)
-        let mut top_level: Vec<&str> = stats
-            .lines()
-            .filter_map(|l| l.strip_prefix("cmdstat_")?.split(':').next())
-            .filter(|c| !["get", "set", "setrange", "getrange", "time"].contains(c))
-            .collect();
-        top_level.sort_unstable();
+        let mut top_level = commands_run(&server);
+        top_level.retain(|c| !["get", "set", "setrange", "getrange", "time"].contains(&c.as_str()));
         assert_eq!(
             top_level,
             ["config|resetstat", "evalsha", "info"],
@@ -521,12 +525,7 @@ async fn a_request_alone_costs_exactly_one_command() {
 #[tokio::test]
 async fn a_big_batch_goes_as_several_calls() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let rule = Rule::new().hour(1).algorithm(Algorithm::FixedWindow);
     let app = App::with(one_route(rule), store, |l| l.denial_cache(0));
     assert_eq!(server.cli(&["config", "resetstat"]), "OK");
@@ -569,12 +568,7 @@ async fn checks_can_be_kept_one_command_each() {
 #[tokio::test]
 async fn a_check_that_fails_in_a_batch_leaves_the_others_their_answers() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let rule = Rule::new().hour(6).algorithm(Algorithm::FixedWindow);
     let app = App::with(one_route(rule), store, |l| {
         l.denial_cache(0).fail_mode(FailMode::Closed)
@@ -613,12 +607,7 @@ async fn a_check_that_fails_in_a_batch_leaves_the_others_their_answers() {
 #[tokio::test]
 async fn a_server_refusing_keys_of_several_slots_gets_checks_one_by_one() {
     let server = RedisServer::start_cluster_of_one();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    let store = own_store(&server).await;
     let rule = Rule::new().hour(8).algorithm(Algorithm::TokenBucket);
     let app = App::with(one_route(rule), store, |l| {
         l.denial_cache(0).fail_mode(FailMode::Closed)
@@ -642,11 +631,7 @@ async fn a_server_refusing_keys_of_several_slots_gets_checks_one_by_one() {
     // Every check its own EVALSHA (the refused call is not counted, but
     // rejected, once).
     assert_eq!(server.calls("evalsha"), 30);
-    let stats = server.cli(&["info", "commandstats"]);
-    let evalsha = stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .unwrap_or_default();
+    let evalsha = evalsha_stats(&server);
     assert!(evalsha.contains(",rejected_calls=1,"), "{evalsha}");
 }
 
@@ -754,14 +739,8 @@ async fn a_pool_costs_at_most_one_command_per_check_and_lends_the_store_one_conn
     // commands run are the scripts and what they call (a new log's SET,
     // then GETRANGE and SETRANGE); no PING or UNWATCH. The 40 checks,
     // made in one tick, went as one batch: one call of the batch script.
-    let stats = server.cli(&["info", "commandstats"]);
-    let mut ran: Vec<&str> = stats
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_")?.split(':').next())
-        .collect();
-    ran.sort_unstable();
     assert_eq!(
-        ran,
+        commands_run(&server),
         ["config|resetstat", "evalsha", "getrange", "set", "setrange"]
     );
     assert_eq!(server.calls("evalsha"), 1);

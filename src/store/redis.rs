@@ -816,18 +816,18 @@ fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>)
 /// one key and one argument): their keys, then their arguments. `None`
 /// if a command is not of that shape.
 fn batch_call(script: &Script, jobs: &[Job]) -> Option<redis::Cmd> {
-    let mut bytes = 64;
-    for job in jobs {
-        let (key, numbers) = key_and_numbers(&job.cmd)?;
-        bytes += key.len() + numbers.len() + 32;
+    let parts: Vec<(&[u8], &[u8])> = jobs
+        .iter()
+        .map(|job| key_and_numbers(&job.cmd))
+        .collect::<Option<_>>()?;
+    let bytes: usize = parts.iter().map(|(k, n)| k.len() + n.len() + 32).sum();
+    let mut call = redis::Cmd::with_capacity(3 + 2 * parts.len(), 64 + bytes);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(parts.len());
+    for (key, _) in &parts {
+        call.arg(*key);
     }
-    let mut call = redis::Cmd::with_capacity(3 + 2 * jobs.len(), bytes);
-    call.arg("EVALSHA").arg(script.get_hash()).arg(jobs.len());
-    for job in jobs {
-        call.arg(key_and_numbers(&job.cmd)?.0);
-    }
-    for job in jobs {
-        call.arg(key_and_numbers(&job.cmd)?.1);
+    for (_, numbers) in &parts {
+        call.arg(*numbers);
     }
     Some(call)
 }
