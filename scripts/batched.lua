@@ -5,13 +5,39 @@
 -- Redis parses, looks up and sets up one script call, and reads its clock
 -- once, for the whole batch.
 --
--- KEYS[i] and ARGV[i] are check i's key and numbers, as the straight-line
--- script takes them in KEYS[1] and ARGV[1], and the reply is the list of
--- that script's replies, one per check, in order. Each check decides
--- exactly as it would alone (the very same code, in `check` below), and
--- all of them at one instant: the script runs atomically, at one reading
--- of the server's clock. A check that fails answers with its error, and the
--- others with their decisions.
+-- KEYS[i] is check i's key, as the straight-line script takes it in
+-- KEYS[1]. ARGV holds the checks' numbers (what that script takes in
+-- ARGV[1]) once for all the checks that have the same, in order: ARGV[1]
+-- is the numbers of the first ARGV[2] checks, ARGV[3] those of the next
+-- ARGV[4], and so on (a batch's checks mostly have the same: one rule, a
+-- cost of 1, the server's clock; the store puts the checks of the same
+-- numbers side by side). Redis makes each argument a Lua string, hashing
+-- every byte, and the script unpacks each once.
+--
+-- The reply is the list of that script's replies, one per check, in order.
+-- Each check decides exactly as it would alone (the very same code, in
+-- `check` below), and all of them at one instant: the script runs
+-- atomically, at one reading of the server's clock. A check that fails
+-- answers with its error, and the others with their decisions.
+local n = #KEYS
+-- (Counts that do not add up to one per key, or that are not whole
+-- numbers, are a bug of the caller: no check runs.)
+local counted = 0
+for g = 2, #ARGV, 2 do
+  local count = tonumber(ARGV[g])
+  if not count or count < 1 or count % 1 ~= 0 then counted = -1; break end
+  counted = counted + count
+end
+if counted ~= n or #ARGV % 2 ~= 0 then
+  return redis.error_reply('ERR a batch of checks whose numbers do not match its keys')
+end
+-- The numbers of the checks running now: ARGV[g], and (once a check has
+-- unpacked them, with `parse`) as a list, for the next of them to take.
+local g, numbers = -1, nil
+local function parse(format)
+  numbers = { struct.unpack(format, ARGV[g]) }
+  return numbers
+end
 local clock
 local function server_time()
   if not clock then clock = redis.call('TIME') end
@@ -26,16 +52,30 @@ $SHARED
 local function check(i)
   $CHECK
 end
-local replies = {}
-for i = 1, #KEYS do
-  local ok, reply = pcall(check, i)
-  if ok then
-    replies[i] = reply
-  elseif type(reply) == 'table' then
+-- The checks from `from` on, in order, until one fails (then the first
+-- check without a reply): one pcall for them all, not one per check.
+local replies, last = {}, 0
+local function run(from)
+  for i = from, n do
+    if i > last then
+      g = g + 2
+      last = last + tonumber(ARGV[g + 1])
+      numbers = nil
+    end
+    replies[i] = check(i)
+  end
+end
+local from = 1
+while from <= n do
+  local ok, reply = pcall(run, from)
+  if ok then break end
+  local i = #replies + 1
+  if type(reply) == 'table' then
     -- (An error a command raised, as Redis gives it: a table with `err`.)
     replies[i] = reply
   else
     replies[i] = { err = 'ERR ' .. tostring(reply) }
   end
+  from = i + 1
 end
 return replies

@@ -155,8 +155,9 @@ if allowed == 1 and cost > 0 then
     if size > 0 and (dead < 64 or dead * 2 < size) and cost == 1 then
       -- Over the old trailer, the entry and the new trailer in one pack;
       -- the TTL moves only when it must.
-      redis.call('SETRANGE', key, 8 * size, struct.pack('<dddddd$each(){dd}$ZFMT',
-        from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
+      redis.call('SETRANGE', key, string.format('%d', 8 * size),
+        struct.pack('<dddddd$each(){dd}$ZFMT',
+          from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
     else
       $PACKED
       local list = { }
@@ -234,7 +235,7 @@ elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
     $TTL
     redis.call('PEXPIRE', key, px)
   end
-  redis.call('SETRANGE', key, 8 * size,
+  redis.call('SETRANGE', key, string.format('%d', 8 * size),
     struct.pack('<ddddd$each(){dd}$ZFMT',
       size, now, expires, p$N, fp, $each(, ){p@, o@ or 0}$ZARG))
 elseif size > 0 and ttl_pad > 0 and now > at then

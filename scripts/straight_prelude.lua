@@ -14,10 +14,11 @@
 
 -- (ARGV[1] as prelude.lua reads it, without the two window counts; the
 -- counters' without the block time too, which they never have. In a
--- script of checks sent together, the check's own argument, key and the
--- batch's one reading of the clock: see batched.lua.)
+-- script of checks sent together, the check's own key, its numbers (as
+-- unpacked once for every check that has the same) and the batch's one
+-- reading of the clock: see batched.lua.)
 local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
-  struct.unpack('<dd$BLOCKFMT$each(){dd}$ARGFMT', $ARGV1)
+  $OPENARGS'<dd$BLOCKFMT$each(){dd}$ARGFMT'$CLOSEARGS
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
   local t = $CLOCK

@@ -326,14 +326,27 @@ async fn failover(mode: FailMode, shape: Shape) {
         ),
     };
     let app = app_on(builder, mode).await;
-    assert_eq!(app.get("/x", "victim").await.status, StatusCode::OK);
-    // Find the slot of the user's key, and the master that serves it.
-    let key = cluster
-        .nodes
-        .iter()
-        .map(|n| n.cli(&["--scan", "--pattern", "*victim*"]))
-        .find(|k| !k.is_empty())
-        .expect("the key exists");
+    // Find the slot of the user's key, and the master that serves it. (A
+    // cluster just made may answer its first command with an error, which
+    // the fail mode answers: the request is sent again until Redis holds
+    // its entry.)
+    let settled = Instant::now();
+    let key = loop {
+        app.get("/x", "victim").await;
+        let key = cluster
+            .nodes
+            .iter()
+            .map(|n| n.cli(&["--scan", "--pattern", "*victim*"]))
+            .find(|k| !k.is_empty());
+        match key {
+            Some(key) => break key,
+            None => assert!(
+                settled.elapsed() < Duration::from_secs(10),
+                "no request reached the new cluster"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let slot: u16 = cluster.nodes[0]
         .cli(&["cluster", "keyslot", &key])
         .parse()

@@ -600,6 +600,70 @@ async fn a_check_that_fails_in_a_batch_leaves_the_others_their_answers() {
     assert_eq!(server.cli(&["type", &key]), "list");
 }
 
+/// A batch script's numbers go once per run of checks that have the same
+/// (here two runs: costs 1 and 2), each followed by how many checks it is
+/// for; counts that do not add up to one per key fail the whole call,
+/// before any check runs.
+#[test]
+fn a_batch_takes_each_run_of_numbers_once() {
+    let server = RedisServer::start();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let script = tower_ratelimit::store::redis::batched_lua(Algorithm::SlidingLog, 1).unwrap();
+    // (A sliding log's numbers: the server's clock, the cost, no block
+    // time, the window's length in microseconds and its limit, and the
+    // windows' fingerprint.)
+    let numbers = |cost: f64| -> Vec<u8> {
+        [-1.0, cost, 0.0, 60e6, 5.0, 7.0]
+            .iter()
+            .flat_map(|n: &f64| n.to_le_bytes())
+            .collect()
+    };
+    let mut call = |counts: [&str; 2]| {
+        redis::cmd("EVAL")
+            .arg(&script)
+            .arg(3)
+            .arg(&["a", "b", "c"][..])
+            .arg(numbers(1.0))
+            .arg(counts[0])
+            .arg(numbers(2.0))
+            .arg(counts[1])
+            .query::<redis::Value>(&mut conn)
+    };
+    for counts in [
+        ["2", "2"],
+        ["1", "1"],
+        ["0", "3"],
+        ["x", "2"],
+        ["1.5", "1.5"],
+    ] {
+        let error = call(counts).unwrap_err();
+        assert!(
+            error.to_string().contains("do not match its keys"),
+            "{error}"
+        );
+    }
+    assert_eq!(server.cli(&["dbsize"]), "0");
+    let redis::Value::Array(replies) = call(["2", "1"]).unwrap() else {
+        panic!("a list of replies");
+    };
+    assert_eq!(replies.len(), 3);
+    // a and b spent 1 of 5, c 2 of 5: the remaining, as each check's reply
+    // ends with it.
+    let remaining: Vec<f64> = replies
+        .iter()
+        .map(|reply| match reply {
+            redis::Value::BulkString(bytes) => {
+                f64::from_le_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(remaining, [4.0, 4.0, 3.0]);
+}
+
 /// A server that refuses a call on keys of several slots (here a Cluster
 /// node holding every slot, reached as a single server; in production, a
 /// proxy in front of a sharded deployment) gets a batch's checks one

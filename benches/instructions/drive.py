@@ -18,7 +18,8 @@ checks a second over all users (its users drawn from a seed of its own).
 
 With <batch> above 1 (store and counter layouts), every <batch> checks go
 as one call of the batch script (`lua ... --batched`): their keys, then
-their numbers, all at the clock of the batch's first.
+their numbers (once, with the count of checks that have them), all at the
+clock of the batch's first.
 """
 
 import random
@@ -57,7 +58,15 @@ for i in range(first, first + calls):
         keys.append(f"k:{{{u}}}:l")
         args.append(packed)
         if len(keys) == batch or i == first + calls - 1:
-            pipe.evalsha(sha, len(keys), *keys, *args)
+            # (Each run of the same numbers once, then how many checks it
+            # is for, as the store sends them.)
+            runs = []
+            for a in args:
+                if runs and runs[-1][0] == a:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([a, 1])
+            pipe.evalsha(sha, len(keys), *keys, *[x for a, k in runs for x in (a, k)])
             keys, args = [], []
     elif layout == "per-window":
         pipe.evalsha(sha, 3, f"pw:{{{u}}}:1", f"pw:{{{u}}}:2", f"pw:{{{u}}}:3", "", 1, *flat)

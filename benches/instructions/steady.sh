@@ -30,7 +30,9 @@ PYTHON=${PYTHON:-.venv-bench/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cargo build -q --release --example lua
-target/release/examples/lua sliding-log 3 $batched \
+# SCRIPT: a file to measure instead of the store's script (a variant
+# under study).
+if [ -n "${SCRIPT:-}" ]; then cat "$SCRIPT"; else target/release/examples/lua sliding-log 3 $batched; fi \
   | sed -e "s/'-376'/'-$TAIL'/" -e "s/#tail < 376/#tail < $TAIL/" > "$work/script.lua"
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 run() {

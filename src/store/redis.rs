@@ -265,7 +265,8 @@ fn counter_lua(
         template,
         windows,
         &[
-            ("ARGV1", call.argv.to_owned()),
+            ("OPENARGS", call.numbers.0.to_owned()),
+            ("CLOSEARGS", call.numbers.1.to_owned()),
             ("KEY1", call.key.to_owned()),
             ("CLOCK", call.clock.to_owned()),
             ("BYTES", bytes),
@@ -282,10 +283,11 @@ fn counter_lua(
 }
 
 /// Where a straight-line script reads its check's argument, its key and
-/// the server's clock (`$ARGV1`, `$KEY1`, `$CLOCK` in
+/// the server's clock (`$OPENARGS`, `$CLOSEARGS`, `$KEY1`, `$CLOCK` in
 /// `scripts/straight_prelude.lua`).
 struct CallVars {
-    argv: &'static str,
+    /// What goes before and after the numbers' format to unpack them.
+    numbers: (&'static str, &'static str),
     key: &'static str,
     /// The block marker's key (`$KEY2`, the sliding log's).
     block_key: &'static str,
@@ -297,7 +299,7 @@ struct CallVars {
 
 /// A check alone: its own call's.
 const ALONE: CallVars = CallVars {
-    argv: "ARGV[1]",
+    numbers: ("struct.unpack(", ", ARGV[1])"),
     key: "KEYS[1]",
     block_key: "KEYS[2]",
     clock: "redis.call('TIME')",
@@ -306,7 +308,8 @@ const ALONE: CallVars = CallVars {
 
 /// Check `i` of a batch (`scripts/batched.lua`).
 const IN_BATCH: CallVars = CallVars {
-    argv: "ARGV[i]",
+    // (Unpacked once for every check of the same numbers.)
+    numbers: ("unpack(numbers or parse(", "))"),
     key: "KEYS[i]",
     block_key: "no_block_key()",
     clock: "server_time()",
@@ -368,7 +371,8 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
         STRAIGHT_SLIDING_LOG,
         windows,
         &[
-            ("ARGV1", call.argv.to_owned()),
+            ("OPENARGS", call.numbers.0.to_owned()),
+            ("CLOSEARGS", call.numbers.1.to_owned()),
             ("KEY1", call.key.to_owned()),
             ("KEY2", call.block_key.to_owned()),
             ("CLOCK", call.clock.to_owned()),
@@ -792,8 +796,8 @@ fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>)
         }
     }
     for (kind, same) in kinds {
-        let call = match (&same[..], lazy.scripts.batched(kind)) {
-            ([_, _, ..], Some(script)) => batch_call(script, &same),
+        let call = match (same.len(), lazy.scripts.batched(kind)) {
+            (2.., Some(script)) => batch_call(script, &same),
             _ => None,
         };
         match call {
@@ -813,21 +817,32 @@ fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>)
 }
 
 /// One call of `script` for the checks of `jobs` (each an `EVALSHA` of
-/// one key and one argument): their keys, then their arguments. `None`
-/// if a command is not of that shape.
+/// one key and one argument): their keys, then each run of checks with the
+/// same numbers as those numbers and the run's length
+/// (`scripts/batched.lua`). The checks keep their order (two of one key
+/// must run in the order they came), so numbers that alternate go once per
+/// run. `None` if a command is not of that shape.
 fn batch_call(script: &Script, jobs: &[Job]) -> Option<redis::Cmd> {
     let parts: Vec<(&[u8], &[u8])> = jobs
         .iter()
         .map(|job| key_and_numbers(&job.cmd))
         .collect::<Option<_>>()?;
-    let bytes: usize = parts.iter().map(|(k, n)| k.len() + n.len() + 32).sum();
-    let mut call = redis::Cmd::with_capacity(3 + 2 * parts.len(), 64 + bytes);
+    let mut runs: Vec<(&[u8], usize)> = Vec::with_capacity(1);
+    for (_, numbers) in &parts {
+        match runs.last_mut() {
+            Some((same, count)) if same == numbers => *count += 1,
+            _ => runs.push((numbers, 1)),
+        }
+    }
+    let bytes: usize = parts.iter().map(|(k, _)| k.len() + 16).sum::<usize>()
+        + runs.iter().map(|(n, _)| n.len() + 32).sum::<usize>();
+    let mut call = redis::Cmd::with_capacity(3 + parts.len() + 2 * runs.len(), 64 + bytes);
     call.arg("EVALSHA").arg(script.get_hash()).arg(parts.len());
     for (key, _) in &parts {
         call.arg(*key);
     }
-    for (_, numbers) in &parts {
-        call.arg(*numbers);
+    for (numbers, count) in runs {
+        call.arg(numbers).arg(count);
     }
     Some(call)
 }
