@@ -22,7 +22,8 @@ end
 local function seek(from, bound, size, newest, base, tail, key)
   if newest <= bound or from > size then return size + 1, nil end
   if from <= base then
-    local last = math.min(from + 15, base)
+    local last = from + 15
+    if last > base then last = base end
     local chunk = redis.call('GETRANGE', key, string.format('%d', 8 * from - 8),
       string.format('%d', 8 * last - 1))
     if #chunk < 8 * (last - from + 1) then

@@ -7,9 +7,11 @@
 -- and SETRANGE, whatever the length of the log (BENCHMARKS.md).
 --
 -- The string: the entries (the log), sorted distinct microsecond
--- timestamps (the last one is the newest), then a trailer of 15 numbers
--- (120 bytes, whatever the rule), all little-endian doubles (struct's
--- `d`: whole numbers, which a double holds exactly up to 2^53):
+-- timestamps (the last one is the newest), then a trailer, all
+-- little-endian doubles (struct's `d`: whole numbers, which a double holds
+-- exactly up to 2^53): per window of the rule (shortest first) h, t: the
+-- index of its first entry at `at`, and that entry (0: none, h = size + 1);
+-- then the five numbers every trailer ends with, whatever the rule:
 --   size     the number of entries in the string;
 --   at       the clock the window hints were worked out at (on an
 --            injected clock, the latest they were checked on);
@@ -20,10 +22,12 @@
 --            the clock or the rule does next; they leave the string in
 --            batches, when they are as many as the rest (and 64);
 --   fp       the fingerprint of the windows the hints are for (their
---            number and lengths, hashed by the store: the last argument);
---   then per window (shortest first) h, t: the index of its first entry
---   at `at`, and that entry (0: none, h = size + 1); then zeros, to 10
---   numbers (a rule of fewer than 5 windows), never read.
+--            number and lengths, hashed by the store: the last argument).
+-- The trailer is as long as its rule needs ($TRAILER bytes here: every
+-- byte a script reads or writes costs Redis about 11 instructions, as its
+-- Lua hashes every string it makes). A log whose trailer is another
+-- rule's is read by its last five numbers, and rewritten with this rule's
+-- trailer (once per change of the rule's window count).
 -- While the clock has not gone back since `at` and the windows are the
 -- same, every entry before a window's h is out of that window for good,
 -- and t tells in one comparison whether entries left it since: a check
@@ -45,33 +49,65 @@ if block > 0 then
   end
 end
 -- (The trailer and the 32 entries before it.)
-local tail = redis.call('GETRANGE', key, '-376', '-1')
+local tail = redis.call('GETRANGE', key, '-$READ', '-1')
 local size, newest, at, expires, start, sfp = 0, 0, 0, 0, 1, 0
 local $each(, ){h@, t@} = $each(, ){1, 0}
-local base = 0
-if #tail >= 120 and #tail % 8 == 0 then
-  -- (With the entry before the trailer, the newest, in the same unpack,
-  -- when there is one.)
-  if #tail > 120 then
-    newest, size, at, expires, start, sfp, $each(, ){h@, t@} =
-      unpack8('<dddddd$each(){dd}', tail, #tail - 127)
+local base, trailer = 0, $TRAILER
+if #tail >= 40 and #tail % 8 == 0 then
+  if #tail > $TRAILER then
+    -- (The newest entry, the hints and the last five in one unpack, as
+    -- this rule's trailer has them: the last five are right whatever the
+    -- rule, the rest only if its fingerprint is this rule's.)
+    newest, $each(, ){h@, t@}, size, at, expires, start, sfp =
+      unpack8('<d$each(){dd}ddddd', tail, #tail - $BEFORE)
   else
-    size, at, expires, start, sfp, $each(, ){h@, t@} =
-      unpack8('<ddddd$each(){dd}', tail, 1)
+    size, at, expires, start, sfp = unpack8('<ddddd', tail, #tail - 39)
   end
-  base = size - (#tail - 120) / 8
+  if sfp ~= fp then
+    -- Another rule's trailer, maybe of another length: found from the
+    -- string's length (the hints are worked out again below).
+    local length = #tail
+    if length == $READ then length = redis.call('STRLEN', key) end
+    trailer = length - 8 * size
+    newest = 0
+    if #tail > trailer and trailer > 0 then
+      newest = unpack8('<d', tail, #tail - trailer - 7)
+    end
+  end
+  base = size - (#tail - trailer) / 8
   -- (A string shorter than the read holds exactly `size` entries.)
   -- (`% 1`: a count or index that is not a whole number, NaN or an
   -- infinity, none of which a script writes.)
   if size < 0 or base < 0 or start < 1 or start > size + 1
       or size % 1 ~= 0 or start % 1 ~= 0
-      or (#tail < 376 and base ~= 0) then
+      or (#tail < $READ and base ~= 0)
+      or trailer < 56 or trailer > 120 or trailer % 16 ~= 8 then
     -- Not a log this script wrote: replaced by an empty one. (A value
     -- forged to look like one is trusted: whoever can write the store's
     -- keys can reset every budget anyway.)
-    size, newest, at, expires, start, sfp, base = 0, 0, 0, 0, 1, 0, 0
+    size, newest, at, expires, start, sfp, base, trailer = 0, 0, 0, 0, 1, 0, 0, $TRAILER
   end
   if size == 0 then newest = 0 end
+end
+if trailer ~= $TRAILER then
+  -- Another window count's log: rewritten whole with a trailer of this
+  -- rule's length (its live entries copied once), which keeps its TTL.
+  local live = ''
+  if start <= size then
+    live = redis.call('GETRANGE', key, string.format('%d', 8 * start - 8),
+      string.format('%d', 8 * size - 1))
+  end
+  if #live ~= 8 * (size - start + 1) then
+    error('the sliding log at ' .. key .. ' is not one this script wrote')
+  end
+  size, start, base, tail = size - start + 1, 1, 0, live
+  -- (Its hints: every window starts where the log does, which holds on
+  -- any clock, so its fingerprint is this rule's: the next check reads it
+  -- as this rule's trailer. This check still works them out below.)
+  local first = 0
+  if size > 0 then first = unpack8('<d', live, 1) end
+  redis.call('SET', key, live .. struct.pack('<$each(){dd}ddddd',
+    $each(, ){1, first}, size, at, expires, 1, fp), 'KEEPTTL')
 end
 
 $HELPERS
@@ -156,8 +192,8 @@ if allowed == 1 and cost > 0 then
       -- Over the old trailer, the entry and the new trailer in one pack;
       -- the TTL moves only when it must.
       redis.call('SETRANGE', key, string.format('%d', 8 * size),
-        struct.pack('<dddddd$each(){dd}$ZFMT',
-          from, size + 1, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
+        struct.pack('<d$each(){dd}ddddd',
+          from, $each(, ){p@, o@}, size + 1, now, expires, p$N, fp))
     else
       $PACKED
       local list = { }
@@ -165,8 +201,8 @@ if allowed == 1 and cost > 0 then
       local added = packed(list)
       if size > 0 and (dead < 64 or dead * 2 < size) then
         redis.call('SETRANGE', key, 8 * size, added ..
-          struct.pack('<ddddd$each(){dd}$ZFMT',
-            size + cost, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
+          struct.pack('<$each(){dd}ddddd',
+            $each(, ){p@, o@}, size + cost, now, expires, p$N, fp))
       else
         -- A new log, or the batched drop of the entries before `start`:
         -- the string written whole (the live entries copied once).
@@ -175,8 +211,8 @@ if allowed == 1 and cost > 0 then
         end
         local live = ''
         if p$N <= size then live = redis.call('GETRANGE', key, 8 * dead, 8 * size - 1) end
-        redis.call('SET', key, live .. added .. struct.pack('<ddddd$each(){dd}$ZFMT',
-          size - dead + cost, now, expires, 1, fp, $each(, ){p@ - dead, o@}$ZARG),
+        redis.call('SET', key, live .. added .. struct.pack('<$each(){dd}ddddd',
+          $each(, ){p@ - dead, o@}, size - dead + cost, now, expires, 1, fp),
           'PX', px)
         px = nil
       end
@@ -215,8 +251,8 @@ if allowed == 1 and cost > 0 then
       $TTL
     end
     redis.call('SETRANGE', key, 8 * (q - 1), packed(out) ..
-      struct.pack('<ddddd$each(){dd}$ZFMT',
-        size + cost, now, expires, p$N, fp, $each(, ){p@, o@}$ZARG))
+      struct.pack('<$each(){dd}ddddd',
+        $each(, ){p@, o@}, size + cost, now, expires, p$N, fp))
   end
   if px then redis.call('PEXPIRE', key, px) end
 --$each
@@ -236,13 +272,13 @@ elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
     redis.call('PEXPIRE', key, px)
   end
   redis.call('SETRANGE', key, string.format('%d', 8 * size),
-    struct.pack('<ddddd$each(){dd}$ZFMT',
-      size, now, expires, p$N, fp, $each(, ){p@, o@ or 0}$ZARG))
+    struct.pack('<$each(){dd}ddddd',
+      $each(, ){p@, o@ or 0}, size, now, expires, p$N, fp))
 elseif size > 0 and ttl_pad > 0 and now > at then
   -- (An injected clock only: the clock this check read, so that a later
   -- one below it is seen as a clock that went back and sets the TTL again;
   -- Redis's own expiry runs on the server's clock.)
-  redis.call('SETRANGE', key, 8 * size + 8, struct.pack('<d', now))
+  redis.call('SETRANGE', key, 8 * size + $ATOFFSET, struct.pack('<d', now))
 end
 
 -- A denial blocks the user for the block time (or the wait, if longer).

@@ -208,9 +208,9 @@ async fn denied_requests_write_nothing_in_redis() {
     let keys = keys(port, &prefix);
     assert_eq!(keys.len(), 1, "one log per budget: {keys:?}");
     let key = &keys[0];
-    // (A limit of 100 at most: the packed layout, `p2`.)
+    // (A limit of 100 at most: the packed layout, `p3`.)
     assert!(
-        key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:p2"),
+        key.starts_with(&format!("{prefix}:{{r")) && key.ends_with(":u}:p3"),
         "{key}"
     );
     // Only the two allowed requests are recorded, in every window.
@@ -1201,7 +1201,7 @@ async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
         app.advance_ms(10);
     }
     assert_eq!(allowed, 300);
-    let key = server.cli(&["--scan", "--pattern", "*:u}:p2"]);
+    let key = server.cli(&["--scan", "--pattern", "*:u}:p3"]);
     let key = key.trim();
     let calls = |command: &str| server.calls(command);
     assert_eq!(
@@ -1239,7 +1239,7 @@ async fn a_packed_log_appends_after_a_run_of_taken_microseconds() {
             _ => 1,
         })
     });
-    let key = || server.cli(&["--scan", "--pattern", "*:u}:p2"]);
+    let key = || server.cli(&["--scan", "--pattern", "*:u}:p3"]);
     let bytes = |key: &str| -> usize { server.cli(&["strlen", key]).parse().unwrap() };
     assert_eq!(app.get("/a/big", "u").await.status, StatusCode::OK);
     let key = key();
@@ -1330,14 +1330,17 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
         )
     };
     let key = store.keys(&check())[0].clone();
-    assert!(key.ends_with(":p2"), "{key}");
-    // A trailer claiming 1,000 entries, starting at the 500th, in its 120
-    // bytes alone (size, clock, TTL end, start, fingerprint; no hints).
-    let mut lie = Vec::new();
-    for n in [1000i64, 0, 0, 500, 1] {
-        lie.extend_from_slice(&(n as f64).to_le_bytes());
-    }
-    lie.resize(120, 0);
+    assert!(key.ends_with(":p3"), "{key}");
+    // A trailer claiming 1,000 entries, starting at the 500th, in its 56
+    // bytes alone (a window's hints, zero; then size, clock, TTL end,
+    // start, fingerprint).
+    let trailer = |fingerprint: f64| -> Vec<u8> {
+        [0.0, 0.0, 1000.0, 0.0, 0.0, 500.0, fingerprint]
+            .iter()
+            .flat_map(|n: &f64| n.to_le_bytes())
+            .collect()
+    };
+    let lie = trailer(1.0);
     let set = |value: &[u8]| {
         let mut conn = redis::Client::open(server.url())
             .unwrap()
@@ -1356,11 +1359,21 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     assert!(decision.allowed());
     assert_eq!(decision.windows()[0].remaining, 4);
     assert_eq!(server.log_entries(&key), [1_000_000_000]);
-    // The same lie after 800 bytes of something else: its numbers fit
-    // what the script read, and the first read past the string's end is
-    // refused.
+    // The same lie after 800 bytes of something else, forged with the
+    // rule's own fingerprint (the last number of the log just written), so
+    // its numbers fit what the script read: the first read past the
+    // string's end is refused. (With another fingerprint the string's
+    // length is checked too: replaced, as above.)
+    let written = server.cli(&["strlen", &key]);
+    assert_eq!(written, "64", "one entry and a 56-byte trailer");
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+    let fingerprint = f64::from_le_bytes(value[value.len() - 8..].try_into().unwrap());
     let mut long = vec![7u8; 800];
-    long.extend_from_slice(&lie);
+    long.extend_from_slice(&trailer(fingerprint));
     set(&long);
     let error = tower_ratelimit::Store::check(&store, check())
         .await
@@ -1369,6 +1382,14 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
         error.to_string().contains("not one this script wrote"),
         "{error}"
     );
+    long.truncate(800);
+    long.extend_from_slice(&trailer(fingerprint + 2.0));
+    set(&long);
+    let decision = tower_ratelimit::Store::check(&store, check())
+        .await
+        .unwrap();
+    assert_eq!(decision.windows()[0].remaining, 4);
+    assert_eq!(server.log_entries(&key), [1_000_000_000]);
 }
 
 /// On an injected clock, a check that changes nothing in a packed log
@@ -1393,7 +1414,8 @@ async fn a_packed_log_remembers_the_latest_clock_it_was_checked_on() {
             .get_connection()
             .unwrap();
         let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
-        let field = &value[value.len() - 112..value.len() - 104];
+        // (The fourth number from the end.)
+        let field = &value[value.len() - 32..value.len() - 24];
         f64::from_le_bytes(field.try_into().unwrap()) as i64
     };
     let start = tower_ratelimit::clock::Clock::now(&app.clock).as_micros() as i64;

@@ -7,12 +7,12 @@
 # and loaded by the one callgrind then counts, so only the measured checks
 # are counted, and every run counts the same calls (BENCHMARKS.md, round 12).
 #
-#   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=376 BATCH=1
+#   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=344 BATCH=1
 #
 # BATCH: checks per call; above 1, the batch script (`lua ... --batched`),
 # as the store sends the checks of one scheduler tick, and the figure is
 # per check.
-# TAIL: the bytes the script's first GETRANGE reads (the 120-byte trailer
+# TAIL: the bytes the script's first GETRANGE reads (the 88-byte trailer
 # and 32 entries); another value measures a longer or shorter read.
 # Needs valgrind, redis-server and a Python with `redis`
 # (benches/peers/requirements.txt).
@@ -22,7 +22,7 @@ WARM=${WARM:-100000}
 CALLS=${CALLS:-20000}
 USERS=${USERS:-1000}
 RATE=${RATE:-80000}
-TAIL=${TAIL:-376}
+TAIL=${TAIL:-344}
 BATCH=${BATCH:-1}
 batched=
 if [ "$BATCH" -gt 1 ]; then batched=--batched; fi
@@ -33,7 +33,7 @@ cargo build -q --release --example lua
 # SCRIPT: a file to measure instead of the store's script (a variant
 # under study).
 if [ -n "${SCRIPT:-}" ]; then cat "$SCRIPT"; else target/release/examples/lua sliding-log 3 $batched; fi \
-  | sed -e "s/'-376'/'-$TAIL'/" -e "s/#tail < 376/#tail < $TAIL/" > "$work/script.lua"
+  | sed -e "s/'-344'/'-$TAIL'/" -e "s/#tail < 344/#tail < $TAIL/" -e "s/length == 344 /length == $TAIL /" > "$work/script.lua"
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 run() {
   # (Both servers keep their keys in $work; only the first saves them.)

@@ -78,7 +78,7 @@
 //! `<prefix>:{r<route>}:*:<algorithm>` for the route's own budget, so the
 //! user's and the route's windows are decided in one script call, at the
 //! price of one hot slot per such route on Cluster.
-//! `<algorithm>` is `p2` (sliding log on the common shape, packed), `l`
+//! `<algorithm>` is `p3` (sliding log on the common shape, packed), `l`
 //! (sliding log with route-wide windows or more than 5: a sorted set
 //! whose members and scores are microsecond timestamps), `sw2` (sliding
 //! window), `fw2` (fixed window) or `tb2` (token bucket); the `2` of a
@@ -322,9 +322,10 @@ const BATCHED: &str = include_str!("../../scripts/batched.lua");
 
 /// The script that runs a batch of checks of `algorithm` with `windows`
 /// user windows (of the shape [`straight_lua`] is made for, and no block
-/// time) in one call: `KEYS[i]` and `ARGV[i]` are check `i`'s key and
-/// numbers, and it answers with the list of what [`straight_lua`]'s
-/// script answers for each, in order, all decided at one reading of the
+/// time) in one call: `KEYS[i]` is check `i`'s key, and `ARGV` holds each
+/// run of checks' numbers once, followed by how many checks (in order)
+/// have them; it answers with the list of what [`straight_lua`]'s script
+/// answers for each check, in order, all decided at one reading of the
 /// server's clock.
 ///
 /// ```
@@ -332,7 +333,7 @@ const BATCHED: &str = include_str!("../../scripts/batched.lua");
 /// use tower_ratelimit::Algorithm;
 ///
 /// let script = batched_lua(Algorithm::FixedWindow, 2).expect("made for 2 windows");
-/// assert!(script.contains("for i = 1, #KEYS do"));
+/// assert!(script.contains("local n = #KEYS"));
 /// assert!(batched_lua(Algorithm::SlidingLog, 5).is_some());
 /// assert!(batched_lua(Algorithm::FixedWindow, 6).is_none());
 /// ```
@@ -352,21 +353,16 @@ pub fn batched_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
 }
 
 /// The straight-line sliding log: its log packed in one string with a
-/// trailer that has room for [`STRAIGHT_MAX_WINDOWS`] windows whatever the
-/// rule's count, so a change of rule never changes the trailer's length
-/// (the slots of the windows a rule does not have are zero bytes at its
-/// end, a constant in the script: no script packs or unpacks them).
+/// trailer as long as the rule's window count needs (its hints, then five
+/// numbers every trailer ends with, so a script finds them whatever rule
+/// wrote the log; see `scripts/straight_packed_log.lua`).
 fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
-    let pad = STRAIGHT_MAX_WINDOWS
-        .checked_sub(windows)
-        .filter(|_| windows > 0)?;
-    // The zero slots, packed with the trailer as one `cN` field of a
-    // constant string: no concatenation, no second string for Redis to
-    // hash (none for a rule of 5 windows).
-    let (zero_format, zero_arg) = match 16 * pad {
-        0 => (String::new(), String::new()),
-        bytes => (format!("c{bytes}"), format!(", '{}'", "\\0".repeat(bytes))),
-    };
+    if !(1..=STRAIGHT_MAX_WINDOWS).contains(&windows) {
+        return None;
+    }
+    // The trailer's bytes: two numbers per window and five, 8 bytes each;
+    // the first read takes it and the 32 entries before it.
+    let trailer = 8 * (2 * windows + 5);
     Some(super::template::expand(
         STRAIGHT_SLIDING_LOG,
         windows,
@@ -384,8 +380,12 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
                     STRAIGHT_LOG_HELPERS.trim_end().to_owned()
                 },
             ),
-            ("ZFMT", zero_format),
-            ("ZARG", zero_arg),
+            ("TRAILER", trailer.to_string()),
+            ("READ", (trailer + 256).to_string()),
+            // (Where the newest entry is, from the read's end, and where
+            // `at` is, from the trailer's start.)
+            ("BEFORE", (trailer + 7).to_string()),
+            ("ATOFFSET", (16 * windows + 8).to_string()),
             ("ARGFP", ", fp".to_owned()),
             ("ARGFMT", "d".to_owned()),
             ("BLOCKVAR", ", block".to_owned()),
@@ -550,7 +550,7 @@ enum KeyKind {
 /// layouts) never share state.
 fn suffix(check: &Check) -> &'static str {
     match check.algorithm {
-        Algorithm::SlidingLog if straight(check) => "p2",
+        Algorithm::SlidingLog if straight(check) => "p3",
         Algorithm::SlidingLog => "l",
         Algorithm::SlidingWindow => "sw2",
         Algorithm::FixedWindow => "fw2",

@@ -105,8 +105,8 @@ mod tests {
                     "{algorithm:?} x{n}"
                 );
                 if let Some(batched) = crate::store::redis::batched_lua(algorithm, n) {
-                    // (Each check reads its own key and argument, and the
-                    // batch's clock.)
+                    // (Each check reads its own key, and the batch's
+                    // clock.)
                     let code: Vec<&str> = batched
                         .lines()
                         .filter(|l| !l.trim_start().starts_with("--"))
@@ -124,7 +124,11 @@ mod tests {
                         );
                     }
                     let code = code.join("\n");
-                    assert!(code.contains("ARGV[i]") && code.contains("KEYS[i]"));
+                    // (Its numbers as the batch unpacked them, once for
+                    // every check that has the same.)
+                    assert!(code.contains("KEYS[i]"));
+                    assert!(code.contains("unpack(numbers or parse('<dd"));
+                    assert!(!code.contains("ARGV[i]"));
                     assert_eq!(code.matches("redis.call('TIME')").count(), 1);
                 }
             }

@@ -204,20 +204,19 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 }
 
 /// The entries of a sliding log's key, oldest first, whichever layout it
-/// has: a sorted set (`...:l`) or the packed string (`...:p2`: entries,
-/// then a trailer of 15 little-endian doubles: size, the hints'
-/// clock, the TTL's end, where the log starts, the windows' fingerprint,
-/// then (first index, first entry) per window and zeros to 10 numbers).
-/// Entries before the start were dropped (they leave the string in
-/// batches).
+/// has: a sorted set (`...:l`) or the packed string (`...:p3`: entries,
+/// then a trailer of little-endian doubles: (first index, first entry) per
+/// window, then size, the hints' clock, the TTL's end, where the log
+/// starts, the windows' fingerprint). Entries before the start were
+/// dropped (they leave the string in batches).
 #[allow(dead_code)]
 pub fn log_entries(port: u16, key: &str) -> Vec<i64> {
     const READ: &str = "local t = redis.call('TYPE', KEYS[1]).ok \
         if t == 'zset' then return redis.call('ZRANGE', KEYS[1], 0, -1) end \
         if t ~= 'string' then return {} end \
         local v = redis.call('GET', KEYS[1]) \
-        local size = struct.unpack('<d', v, #v - 119) \
-        local start = struct.unpack('<d', v, #v - 95) \
+        local size = struct.unpack('<d', v, #v - 39) \
+        local start = struct.unpack('<d', v, #v - 15) \
         local out = {} \
         for i = start, size do \
           out[#out + 1] = string.format('%d', struct.unpack('<d', v, 8 * i - 7)) \
