@@ -91,12 +91,13 @@
 //! arrival time), read with one `GET` and written with one `SET ... PX`
 //! (or in place, `SETRANGE`, while its TTL holds). A packed log is one
 //! string of little-endian doubles too: its entries
-//! (sorted distinct microsecond timestamps), then a trailer of 15 numbers
-//! (`scripts/straight_packed_log.lua` describes it: per window where it
-//! started at the last check, the number of entries, where the log starts,
-//! and a fingerprint of the windows), read with one `GETRANGE` of its last
-//! 376 bytes and
-//! appended to with one `SETRANGE`; entries that left the longest window
+//! (sorted distinct microsecond timestamps), then a trailer as long as
+//! the rule needs (`scripts/straight_packed_log.lua` describes it: per
+//! window where it started at the last check, then the number of entries,
+//! where the log starts and a fingerprint of the windows), read with one
+//! `GETRANGE` of its last 256 bytes and the trailer's (344 for 3 windows)
+//! and appended to with one `SETRANGE`; a log of another window count is
+//! rewritten once with the rule's trailer; entries that left the longest window
 //! leave the string in one copy once they are as many as the live ones
 //! (about 1 ms of Redis time per 100,000 live entries, once per as many
 //! checks). A rule that changes between the two sliding-log layouts
