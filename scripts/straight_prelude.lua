@@ -21,8 +21,7 @@ local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
   $OPENARGS'<dd$BLOCKFMT$each(){dd}$ARGFMT'$CLOSEARGS
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
-  local t = $CLOCK
-  now = t[1] * 1000000 + t[2]
+  $SERVERNOW
   ttl_pad = 0
 end
 local key = $KEY1

@@ -269,7 +269,7 @@ fn counter_lua(
             ("OPENARGS", call.numbers.0.to_owned()),
             ("CLOSEARGS", call.numbers.1.to_owned()),
             ("KEY1", call.key.to_owned()),
-            ("CLOCK", call.clock.to_owned()),
+            ("SERVERNOW", call.clock.to_owned()),
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
@@ -284,7 +284,7 @@ fn counter_lua(
 }
 
 /// Where a straight-line script reads its check's argument, its key and
-/// the server's clock (`$OPENARGS`, `$CLOSEARGS`, `$KEY1`, `$CLOCK` in
+/// the server's clock (`$OPENARGS`, `$CLOSEARGS`, `$KEY1`, `$SERVERNOW` in
 /// `scripts/straight_prelude.lua`).
 struct CallVars {
     /// What goes before and after the numbers' format to unpack them.
@@ -292,6 +292,8 @@ struct CallVars {
     key: &'static str,
     /// The block marker's key (`$KEY2`, the sliding log's).
     block_key: &'static str,
+    /// How `now` is set from the server's clock (`$SERVERNOW`): `TIME`
+    /// for a check alone, the batch's one reading for a check in a batch.
     clock: &'static str,
     /// Whether the script's helper functions are made by the batch script
     /// around it, once per batch (`$SHARED`), not in the check's code.
@@ -303,7 +305,7 @@ const ALONE: CallVars = CallVars {
     numbers: ("struct.unpack(", ", ARGV[1])"),
     key: "KEYS[1]",
     block_key: "KEYS[2]",
-    clock: "redis.call('TIME')",
+    clock: "local t = redis.call('TIME')\nnow = t[1] * 1000000 + t[2]",
     shared_helpers: false,
 };
 
@@ -313,7 +315,7 @@ const IN_BATCH: CallVars = CallVars {
     numbers: ("unpack(numbers or parse(", "))"),
     key: "KEYS[i]",
     block_key: "no_block_key()",
-    clock: "server_time()",
+    clock: "now = clock or server_now()",
     shared_helpers: true,
 };
 
@@ -372,7 +374,7 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             ("CLOSEARGS", call.numbers.1.to_owned()),
             ("KEY1", call.key.to_owned()),
             ("KEY2", call.block_key.to_owned()),
-            ("CLOCK", call.clock.to_owned()),
+            ("SERVERNOW", call.clock.to_owned()),
             (
                 "HELPERS",
                 if call.shared_helpers {
