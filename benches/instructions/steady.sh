@@ -9,6 +9,10 @@
 #
 #   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=344 BATCH=1
 #
+# RATE=0: the checks read the server's clock (TIME), as the store's do,
+# and come as fast as the driver sends them (far slower under callgrind
+# than in the warm-up, so their logs are not the steady ones above): for
+# comparing two scripts on that path.
 # BATCH: checks per call; above 1, the batch script (`lua ... --batched`),
 # as the store sends the checks of one scheduler tick, and the figure is
 # per check.
