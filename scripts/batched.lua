@@ -10,9 +10,10 @@
 -- ARGV[1]) once for all the checks that have the same, in order: ARGV[1]
 -- is the numbers of the first ARGV[2] checks, ARGV[3] those of the next
 -- ARGV[4], and so on (a batch's checks mostly have the same: one rule, a
--- cost of 1, the server's clock; the store puts the checks of the same
--- numbers side by side). Redis makes each argument a Lua string, hashing
--- every byte, and the script unpacks each once.
+-- cost of 1, the server's clock; the store keeps the checks in the order
+-- they came, two of one key must run in that order, and starts a new run
+-- where the numbers change). Redis makes each argument a Lua string,
+-- hashing every byte, and the script unpacks each once.
 --
 -- The reply is the list of that script's replies, one per check, in order.
 -- Each check decides exactly as it would alone (the very same code, in
