@@ -55,6 +55,27 @@ fn commands_run(server: &RedisServer) -> Vec<String> {
     ran
 }
 
+/// A plain (blocking) connection to the server at `url`, for raw values.
+fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url).unwrap().get_connection().unwrap()
+}
+
+/// A key's value, its bytes as stored.
+fn raw_value(url: &str, key: &str) -> Vec<u8> {
+    redis::cmd("GET").arg(key).query(&mut connect(url)).unwrap()
+}
+
+/// Numbers as the scripts pack them: little-endian doubles.
+fn doubles(numbers: &[f64]) -> Vec<u8> {
+    numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+}
+
+/// The `i`-th packed double from the end of `bytes` (1: the last).
+fn double_from_end(bytes: &[u8], i: usize) -> f64 {
+    let end = bytes.len() - 8 * (i - 1);
+    f64::from_le_bytes(bytes[end - 8..end].try_into().unwrap())
+}
+
 /// A store on a server of the test's own.
 async fn own_store(server: &RedisServer) -> RedisStore {
     RedisStore::builder()
@@ -607,20 +628,12 @@ async fn a_check_that_fails_in_a_batch_leaves_the_others_their_answers() {
 #[test]
 fn a_batch_takes_each_run_of_numbers_once() {
     let server = RedisServer::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = connect(&server.url());
     let script = tower_ratelimit::store::redis::batched_lua(Algorithm::SlidingLog, 1).unwrap();
     // (A sliding log's numbers: the server's clock, the cost, no block
     // time, the window's length in microseconds and its limit, and the
     // windows' fingerprint.)
-    let numbers = |cost: f64| -> Vec<u8> {
-        [-1.0, cost, 0.0, 60e6, 5.0, 7.0]
-            .iter()
-            .flat_map(|n: &f64| n.to_le_bytes())
-            .collect()
-    };
+    let numbers = |cost: f64| doubles(&[-1.0, cost, 0.0, 60e6, 5.0, 7.0]);
     let mut call = |counts: [&str; 2]| {
         redis::cmd("EVAL")
             .arg(&script)
@@ -655,9 +668,7 @@ fn a_batch_takes_each_run_of_numbers_once() {
     let remaining: Vec<f64> = replies
         .iter()
         .map(|reply| match reply {
-            redis::Value::BulkString(bytes) => {
-                f64::from_le_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
-            }
+            redis::Value::BulkString(bytes) => double_from_end(bytes, 1),
             other => panic!("{other:?}"),
         })
         .collect();
@@ -1334,22 +1345,13 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     // A trailer claiming 1,000 entries, starting at the 500th, in its 56
     // bytes alone (a window's hints, zero; then size, clock, TTL end,
     // start, fingerprint).
-    let trailer = |fingerprint: f64| -> Vec<u8> {
-        [0.0, 0.0, 1000.0, 0.0, 0.0, 500.0, fingerprint]
-            .iter()
-            .flat_map(|n: &f64| n.to_le_bytes())
-            .collect()
-    };
+    let trailer = |fingerprint: f64| doubles(&[0.0, 0.0, 1000.0, 0.0, 0.0, 500.0, fingerprint]);
     let lie = trailer(1.0);
     let set = |value: &[u8]| {
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
         redis::cmd("SET")
             .arg(&key)
             .arg(value)
-            .query::<()>(&mut conn)
+            .query::<()>(&mut connect(&server.url()))
             .unwrap();
     };
     set(&lie);
@@ -1366,12 +1368,7 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     // length is checked too: replaced, as above.)
     let written = server.cli(&["strlen", &key]);
     assert_eq!(written, "64", "one entry and a 56-byte trailer");
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
-    let fingerprint = f64::from_le_bytes(value[value.len() - 8..].try_into().unwrap());
+    let fingerprint = double_from_end(&raw_value(&server.url(), &key), 1);
     let mut long = vec![7u8; 800];
     long.extend_from_slice(&trailer(fingerprint));
     set(&long);
@@ -1408,16 +1405,8 @@ async fn a_packed_log_remembers_the_latest_clock_it_was_checked_on() {
     );
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     let key = keys(port, &prefix).remove(0);
-    let at = || -> i64 {
-        let mut conn = redis::Client::open(shared().standalone.as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap();
-        let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
-        // (The fourth number from the end.)
-        let field = &value[value.len() - 32..value.len() - 24];
-        f64::from_le_bytes(field.try_into().unwrap()) as i64
-    };
+    // (The fourth number from the end.)
+    let at = || double_from_end(&raw_value(&shared().standalone, &key), 4) as i64;
     let start = tower_ratelimit::clock::Clock::now(&app.clock).as_micros() as i64;
     assert_eq!(at(), start);
     app.advance_ms(19_000);
