@@ -126,12 +126,23 @@ end
 -- Window i starts at index pi, its oldest entry is oi (nil: none) and it
 -- counts ci: its hint, unless entries left it since (then a seek). The
 -- longest window starts at `start` or after.
+-- Unless every window's remaining is asked for (`exact`: the layer shows
+-- them all), a shorter window that cannot deny the check even if none of
+-- its entries left it (its hint's count and the cost within its limit)
+-- is not searched yet (si): its count ci stays that upper bound, searched
+-- below only if the check is denied or the window may be the one with
+-- the fewest remaining (then its exact count is reported).
+local skipped = false
 --$each
-local p@, o@ = h@, t@
+local p@, o@, s@ = h@, t@, false
 if h@ > size then
   o@ = nil
 elseif t@ <= now - d@ then
-  p@, o@ = seek(h@ + 1, now - d@, size, newest, base, tail, key)
+  if exact == 0 and @ < $N and size + 1 - h@ + cost <= n@ then
+    s@, skipped = true, true
+  else
+    p@, o@ = seek(h@ + 1, now - d@, size, newest, base, tail, key)
+  end
 end
 --$end
 local $each(, ){c@} = $each(, ){size + 1 - p@}
@@ -151,6 +162,26 @@ if c@ + cost > n@ then
   if wait > retry then retry = wait end
 end
 --$end
+
+-- A window not searched above is searched now if the check is denied
+-- (a denial reports every window exactly) or if its remaining may be the
+-- fewest: at most its limit less its upper bound, not above the fewest of
+-- the windows counted exactly (the fewest only falls as more are counted,
+-- so a window left unsearched stays above it). It can deny nothing: its
+-- entries are at most its upper bound.
+if skipped then
+  local fewest = 9007199254740992
+--$each
+  if not s@ and n@ - c@ < fewest then fewest = n@ - c@ end
+--$end
+--$each
+  if s@ and (allowed == 0 or n@ - c@ <= fewest) then
+    p@, o@ = seek(h@ + 1, now - d@, size, newest, base, tail, key)
+    c@ = size + 1 - p@
+    if n@ - c@ < fewest then fewest = n@ - c@ end
+  end
+--$end
+end
 
 -- The TTL ends when the newest entry leaves the longest window. It is set
 -- later than that (by a quarter of that window, at least a second, at most

@@ -447,6 +447,12 @@ struct CompiledRoute {
 }
 
 /// Which rate-limit headers responses carry.
+///
+/// Only the IETF headers show every window's remaining; under the others
+/// the layer's checks let a store leave uncounted a window that can
+/// neither deny an allowed request nor be the constraining one
+/// ([`Check::exact_windows`](crate::Check::exact_windows): the Redis
+/// sliding log then skips searching for where it starts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]

@@ -21,7 +21,7 @@ use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
 use crate::layer::{FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
-use crate::rules::{Candidates, Policy, Rules};
+use crate::rules::{Candidates, HeaderMode, Policy, Rules};
 use crate::store::{Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError};
 
 /// Everything the services of one layer share.
@@ -311,6 +311,8 @@ impl<St: Store, I> Shared<St, I> {
                 windows: &g.windows,
             }),
             block: policy.block,
+            // (Only the IETF headers show every window.)
+            exact_windows: matches!(options.headers, HeaderMode::Ietf | HeaderMode::Both),
         };
         checked.retry = Some(check);
         if let Some(fallback) = self.state.fallback.as_ref() {
@@ -358,6 +360,7 @@ impl<St: Store, I> Shared<St, I> {
                 .as_ref()
                 .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
             block: policy.block,
+            exact_windows: check.exact_windows,
         };
         let held = Held {
             policy: policy.clone(),

@@ -11,7 +11,7 @@ use http::StatusCode;
 use support::redis_server::{cli, log_entries, shared, unique_prefix, RedisServer};
 use support::App;
 use tower_ratelimit::store::redis::{RedisStore, RedisStoreBuilder};
-use tower_ratelimit::{Algorithm, FailMode, Rule, Rules};
+use tower_ratelimit::{Algorithm, FailMode, HeaderMode, Rule, Rules};
 
 /// Generous: the conformance suite checks decisions, not latency, on a
 /// 2-core machine that may be busy.
@@ -631,9 +631,9 @@ fn a_batch_takes_each_run_of_numbers_once() {
     let mut conn = connect(&server.url());
     let script = tower_ratelimit::store::redis::batched_lua(Algorithm::SlidingLog, 1).unwrap();
     // (A sliding log's numbers: the server's clock, the cost, no block
-    // time, the window's length in microseconds and its limit, and the
-    // windows' fingerprint.)
-    let numbers = |cost: f64| doubles(&[-1.0, cost, 0.0, 60e6, 5.0, 7.0]);
+    // time, the window's length in microseconds and its limit, the
+    // windows' fingerprint, and every window counted exactly.)
+    let numbers = |cost: f64| doubles(&[-1.0, cost, 0.0, 60e6, 5.0, 7.0, 1.0]);
     let mut call = |counts: [&str; 2]| {
         redis::cmd("EVAL")
             .arg(&script)
@@ -1233,6 +1233,47 @@ async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
     assert!(bytes < 8 * (50 + 64 + 15), "{bytes} bytes");
     let ttl: i64 = server.cli(&["pttl", key]).parse().unwrap();
     assert!(ttl > 0, "pttl {ttl}");
+}
+
+/// A window that can neither deny a check nor have the fewest remaining
+/// is not searched when the layer shows only the constraining window (the
+/// `X-RateLimit-*` headers): one read per check, where counting every
+/// window exactly (as the IETF headers need) takes two once the 1 s
+/// window's start is older than the entries read with the trailer; and
+/// the `X-RateLimit-*` headers are the same either way.
+#[tokio::test]
+async fn a_window_that_cannot_deny_is_not_searched_for_the_x_headers() {
+    async fn run(mode: HeaderMode) -> (Vec<(StatusCode, u64, u64, u64)>, u64) {
+        let server = RedisServer::start();
+        let store = own_store(&server).await;
+        // (The minute window has the fewest remaining: it counts more.)
+        let rule = Rule::new().second(10_000).minute(10_000);
+        let app = App::with(one_route(rule), store, |l| l.headers(mode));
+        let mut seen = Vec::new();
+        // 50 requests a second for 6 s: the 1 s window's oldest entry
+        // leaves it before every check after the first second.
+        for _ in 0..300 {
+            let reply = app.get("/a", "u").await;
+            seen.push((
+                reply.status,
+                reply.number("x-ratelimit-limit"),
+                reply.number("x-ratelimit-remaining"),
+                reply.number("x-ratelimit-reset"),
+            ));
+            app.advance_ms(20);
+        }
+        (seen, server.calls("getrange"))
+    }
+    let (x, x_reads) = run(HeaderMode::X).await;
+    let (both, exact_reads) = run(HeaderMode::Both).await;
+    assert_eq!(x, both);
+    // (The oldest entry is 5.98 s old: 54.02 s left, rounded up.)
+    assert_eq!(x[299], (StatusCode::OK, 10_000, 10_000 - 300, 55));
+    assert!(x_reads <= 300 + 5, "{x_reads} GETRANGEs for 300 checks");
+    assert!(
+        exact_reads >= 500,
+        "{exact_reads} GETRANGEs counting exactly"
+    );
 }
 
 /// The same on the packed layout: after a cost-10,000 request, one more

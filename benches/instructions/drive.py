@@ -4,7 +4,7 @@
 
 `store`: the store's layout for a straight-line script (the state key (no block key without a
 block time), the packed numbers of a 3-window check: TIME, cost 1, no block, 1 s / 1 min / 1 h of
-1,000,000, a fingerprint).
+1,000,000, a fingerprint, EXACT).
 `counter`: the same without the block time and the fingerprint (only the sliding log reads them).
 `general`: the same for the general scripts (the window counts after the block time, no
 fingerprint).
@@ -22,6 +22,7 @@ their numbers (once, with the count of checks that have them), all at the
 clock of the batch's first.
 """
 
+import os
 import random
 import struct
 import sys
@@ -34,6 +35,7 @@ first, rate = (int(sys.argv[6]), int(sys.argv[7])) if len(sys.argv) > 7 else (0,
 batch = int(sys.argv[8]) if len(sys.argv) > 8 else 1
 windows = [(1_000_000, 1_000_000), (60_000_000, 1_000_000), (3_600_000_000, 1_000_000)]
 flat = [x for w in windows for x in w]
+exact = int(os.environ.get("EXACT", "0"))
 
 
 def numbers(now):
@@ -41,8 +43,10 @@ def numbers(now):
         return struct.pack("<" + "d" * 11, now, 1, 0, len(windows), 0, *flat)
     if layout == "counter":
         return struct.pack("<" + "d" * 8, now, 1, *flat)
-    # (Then the windows' fingerprint: any odd number, the same for every call.)
-    return struct.pack("<" + "d" * 10, now, 1, 0, *flat, 12345)
+    # (Then the windows' fingerprint: any odd number, the same for every
+    # call; and whether every window must be counted exactly: EXACT=1, as
+    # the layer asks with IETF headers; 0 by default, as with X-RateLimit-*.)
+    return struct.pack("<" + "d" * 11, now, 1, 0, *flat, 12345, exact)
 
 
 packed = numbers(-1)

@@ -54,6 +54,14 @@ pub struct Check {
     /// When the user's own windows deny the request, block the user's
     /// budget for this long (set atomically with the decision).
     pub block: Option<Duration>,
+    /// Whether every window's remaining must be exact (`true`, the
+    /// default). `false` (the layer shows only the constraining window: no
+    /// IETF headers) lets a store answer an **allowed** check with a lower
+    /// bound of the remaining of a window that can neither deny the check
+    /// nor be the constraining one, to spare itself counting it: the Redis
+    /// sliding log then skips the search for where such a window starts.
+    /// The constraining window, and every window of a denial, stay exact.
+    pub exact_windows: bool,
 }
 
 /// The route-wide part of a [`Check`].
@@ -121,6 +129,7 @@ impl Check {
             now: None,
             global: None,
             block: None,
+            exact_windows: true,
         }
     }
 
@@ -159,6 +168,13 @@ impl Check {
         self
     }
 
+    /// Sets [`exact_windows`](Self::exact_windows).
+    #[must_use]
+    pub fn with_exact_windows(mut self, exact: bool) -> Self {
+        self.exact_windows = exact;
+        self
+    }
+
     /// The same check, borrowed (what [`Store::check_now`] takes).
     pub fn as_ref(&self) -> CheckRef<'_> {
         CheckRef {
@@ -172,6 +188,7 @@ impl Check {
                 windows: &g.windows,
             }),
             block: self.block,
+            exact_windows: self.exact_windows,
         }
     }
 }
@@ -209,6 +226,9 @@ pub struct CheckRef<'a> {
     pub global: Option<GlobalRef<'a>>,
     /// How long to block the user's budget when its windows deny.
     pub block: Option<Duration>,
+    /// Whether every window's remaining must be exact (see
+    /// [`Check::exact_windows`]).
+    pub exact_windows: bool,
 }
 
 /// The route-wide part of a [`CheckRef`].

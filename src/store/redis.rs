@@ -389,8 +389,8 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             // `at` is, from the trailer's start.)
             ("BEFORE", (trailer + 7).to_string()),
             ("ATOFFSET", (16 * windows + 8).to_string()),
-            ("ARGFP", ", fp".to_owned()),
-            ("ARGFMT", "d".to_owned()),
+            ("ARGFP", ", fp, exact".to_owned()),
+            ("ARGFMT", "dd".to_owned()),
             ("BLOCKVAR", ", block".to_owned()),
             ("BLOCKFMT", "d".to_owned()),
             ("TTL", STRAIGHT_LOG_TTL.trim_end().to_owned()),
@@ -1574,7 +1574,8 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// number it unpacks costs Redis about 300 instructions), the (length in
 /// microseconds, limit) pairs of the user's windows and of the route-wide
 /// ones, then, for the straight-line sliding log alone, a fingerprint of the
-/// user's windows (it keeps it with its hints).
+/// user's windows (it keeps it with its hints) and
+/// [`Check::exact_windows`] (1 or 0).
 ///
 /// ```
 /// use std::time::Duration;
@@ -1590,7 +1591,8 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// // One window, no route-wide ones: a straight-line script's arguments.
 /// let straight = numbers(script_args(&Check::new("api:alice", vec![window])));
 /// assert_eq!(straight[..5], [-1, 1, 0, 1_000_000, 10]);
-/// assert_eq!(straight.len(), 6);
+/// assert_eq!(straight.len(), 7);
+/// assert_eq!(straight[6], 1);
 /// // A counter algorithm's straight-line script: no block time either.
 /// let counter = Check::new("api:alice", vec![window]).with_algorithm(Algorithm::FixedWindow);
 /// assert_eq!(numbers(script_args(&counter)), [-1, 1, 1_000_000, 10]);
@@ -1615,7 +1617,7 @@ fn args_len(check: &Check) -> usize {
     let global = check.global.as_ref().map_or(0, |g| g.windows.len());
     let optional = usize::from(kind.takes_block())
         + 2 * usize::from(kind.takes_counts())
-        + usize::from(kind.takes_fingerprint());
+        + 2 * usize::from(kind.takes_fingerprint());
     8 * (2 + optional + 2 * (check.windows.len() + global))
 }
 
@@ -1673,6 +1675,7 @@ fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
     }
     if kind.takes_fingerprint() {
         push(windows_fingerprint(&check.windows));
+        push(i64::from(check.exact_windows));
     }
 }
 
