@@ -7,7 +7,7 @@
 # and loaded by the one callgrind then counts, so only the measured checks
 # are counted, and every run counts the same calls (BENCHMARKS.md, round 12).
 #
-#   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=344 BATCH=1
+#   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=344 BATCH=1 EXACT=0
 #
 # RATE=0: the checks read the server's clock (TIME), as the store's do,
 # and come as fast as the driver sends them (far slower under callgrind
@@ -18,6 +18,9 @@
 # per check.
 # TAIL: the bytes the script's first GETRANGE reads (the 88-byte trailer
 # and 32 entries); another value measures a longer or shorter read.
+# EXACT=1: every window counted exactly (as the layer asks under the IETF
+# headers); by default 0, as under the X-RateLimit-* headers, where a
+# window that can neither deny nor constrain is not searched.
 # Needs valgrind, redis-server and a Python with `redis`
 # (benches/peers/requirements.txt).
 set -euo pipefail
