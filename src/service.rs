@@ -45,7 +45,7 @@ impl<St, I> Shared<St, I> {
 
     /// Microseconds since the layer started (for rate-limited warnings).
     fn real_now(&self) -> u64 {
-        u64::try_from(self.state.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+        crate::clock::duration_micros(self.state.start.elapsed())
     }
 }
 
@@ -362,12 +362,20 @@ impl<St: Store, I> Shared<St, I> {
             block: policy.block,
             exact_windows: check.exact_windows,
         };
+        // (One reading of the system clock for both.)
+        let started = Instant::now();
+        let asked = match &self.options.clock {
+            Some(clock) => clock.now().as_micros(),
+            None => {
+                crate::clock::duration_micros(started.saturating_duration_since(self.state.start))
+            }
+        };
         let held = Held {
             policy: policy.clone(),
             budget: check.budget.clone(),
             cost,
-            started: Instant::now(),
-            asked: self.now(),
+            started,
+            asked,
             retry: self.state.fallback.as_ref().map(|_| check.clone()),
         };
         Verdict::Wait(self.store.check(check), held)
