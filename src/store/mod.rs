@@ -532,7 +532,8 @@ impl StdError for StoreError {
 /// windows: a request is allowed only if every window allows it, and a
 /// denied request is recorded nowhere. The returned future must not borrow
 /// the store (clone an `Arc` into it), so the layer can hold it across
-/// awaits without boxing.
+/// awaits without boxing. Every window's remaining is reported exactly,
+/// except where a check allows otherwise ([`Check::exact_windows`]).
 pub trait Store: Send + Sync + 'static {
     /// The future of one check.
     type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
