@@ -37,15 +37,25 @@ impl<St, I> Shared<St, I> {
     /// Now, in microseconds, on the injected clock if there is one, else on
     /// the layer's monotonic clock (for the denial cache and probes).
     fn now(&self) -> u64 {
+        self.now_or(Instant::now)
+    }
+
+    /// [`now`](Self::now), with the system clock read by `real` (only when
+    /// no clock was injected).
+    fn now_or(&self, real: impl FnOnce() -> Instant) -> u64 {
         match &self.options.clock {
             Some(clock) => clock.now().as_micros(),
-            None => self.real_now(),
+            None => self.micros_since_start(real()),
         }
     }
 
     /// Microseconds since the layer started (for rate-limited warnings).
     fn real_now(&self) -> u64 {
-        crate::clock::duration_micros(self.state.start.elapsed())
+        self.micros_since_start(Instant::now())
+    }
+
+    fn micros_since_start(&self, at: Instant) -> u64 {
+        crate::clock::duration_micros(at.saturating_duration_since(self.state.start))
     }
 }
 
@@ -364,12 +374,7 @@ impl<St: Store, I> Shared<St, I> {
         };
         // (One reading of the system clock for both.)
         let started = Instant::now();
-        let asked = match &self.options.clock {
-            Some(clock) => clock.now().as_micros(),
-            None => {
-                crate::clock::duration_micros(started.saturating_duration_since(self.state.start))
-            }
-        };
+        let asked = self.now_or(|| started);
         let held = Held {
             policy: policy.clone(),
             budget: check.budget.clone(),
