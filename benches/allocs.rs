@@ -207,7 +207,10 @@ fn on_redis(rounds: u64) {
         .map(|s| Window::new(std::time::Duration::from_secs(s), 1_000_000_000).unwrap())
         .to_vec();
     println!("allocations per check on Redis (3 windows, allowed), the whole round trip:");
-    println!("  {:<16} {:>8} {:>12}", "algorithm", "store", "by hand");
+    println!(
+        "  {:<16} {:>8} {:>14} {:>12}",
+        "algorithm", "store", "12 at once", "by hand"
+    );
     runtime.block_on(async {
         let store = RedisStore::builder()
             .url(server.url())
@@ -235,6 +238,22 @@ fn on_redis(rounds: u64) {
             let before = ALLOCS.load(Ordering::Relaxed);
             through_store(rounds).await;
             let ours = (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64;
+            // (12 at once, as the load harness's batches are: one call of
+            // the batch script.)
+            let in_batches = async |n: u64| {
+                for i in 0..n / 12 {
+                    let batch = (0..12)
+                        .map(|j| store.check(checks[(i * 12 + j) as usize % checks.len()].clone()));
+                    for decision in futures_util::future::join_all(batch).await {
+                        assert!(decision.unwrap().allowed());
+                    }
+                }
+            };
+            in_batches(2400).await;
+            let before = ALLOCS.load(Ordering::Relaxed);
+            in_batches(rounds).await;
+            let batched =
+                (ALLOCS.load(Ordering::Relaxed) - before) as f64 / (rounds / 12 * 12) as f64;
             let script = redis::Script::new(&straight_lua(algorithm, 3).unwrap());
             let args = script_args(&checks[0]);
             let keys: Vec<String> = (0..1000)
@@ -262,7 +281,7 @@ fn on_redis(rounds: u64) {
             by_hand(rounds).await;
             let hand = (ALLOCS.load(Ordering::Relaxed) - before) as f64 / rounds as f64;
             println!(
-                "  {:<16} {ours:>8.1} {hand:>12.1}",
+                "  {:<16} {ours:>8.1} {batched:>14.1} {hand:>12.1}",
                 format!("{algorithm:?}")
             );
         }

@@ -1,7 +1,8 @@
 //! The middleware's own cost, without HTTP: requests straight through
 //! `Service::call` of bare service, tower_governor and this crate on the
 //! memory store (same key kind: the peer IP; headers on), and both keyed
-//! by an `x-user` header over 1,000 users (`*-header`), one thread,
+//! by an `x-user` header over 1,000 users (`*-header`, ours with the
+//! sliding log and with the token bucket, governor's algorithm), one thread,
 //! interleaved passes, medians. What the load harness measures with the
 //! whole HTTP stack around it, isolated here.
 //!
@@ -87,9 +88,9 @@ fn ours(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible>
 }
 
 /// Keyed by the `x-user` header (the crate's own header identity).
-fn ours_header() -> impl Service<Request<Body>, Error = Infallible> {
+fn ours_header(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
     let user = tower_ratelimit::identity::HeaderValue::new(http::HeaderName::from_static("x-user"));
-    RateLimitLayer::new(rules(Algorithm::SlidingLog), MemoryStore::new())
+    RateLimitLayer::new(rules(algorithm), MemoryStore::new())
         .identify(user)
         .layer(inner())
 }
@@ -154,10 +155,15 @@ fn main() {
         "governor-header",
         Box::new(move |n| drive(&mut governor_header, n, true)),
     ));
-    let mut header = ours_header();
+    let mut header = ours_header(Algorithm::SlidingLog);
     services.push((
         "ours-header",
         Box::new(move |n| drive(&mut header, n, true)),
+    ));
+    let mut header_gcra = ours_header(Algorithm::TokenBucket);
+    services.push((
+        "ours-header-gcra",
+        Box::new(move |n| drive(&mut header_gcra, n, true)),
     ));
     services.retain(|(name, _)| only.as_deref().is_none_or(|o| o == *name));
 
@@ -184,7 +190,7 @@ fn main() {
     // (The header-keyed rows against the bare service and governor
     // sent the same header.)
     let bases = |name: &str| {
-        if name.ends_with("-header") {
+        if name.contains("-header") {
             (find("bare-header"), find("governor-header"))
         } else {
             (find("bare"), find("governor"))
