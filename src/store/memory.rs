@@ -80,10 +80,15 @@ struct ShardState {
     sweep_at: usize,
 }
 
+/// A budget in a shard's table: 120 bytes, aligned on 128 so that finding
+/// and updating it touch one pair of adjacent cache lines (which CPUs fetch
+/// together), its key and (for counters of one window length) its state
+/// included.
 #[derive(Debug)]
+#[repr(align(128))]
 struct Entry {
     hash: u64,
-    budget: Box<str>,
+    budget: Name,
     /// When this budget's state becomes garbage: every window empty and no
     /// block running (microseconds).
     expires: u64,
@@ -96,7 +101,7 @@ impl Entry {
     fn new(hash: u64, budget: &str, algorithm: Algorithm) -> Self {
         Self {
             hash,
-            budget: budget.into(),
+            budget: Name::new(budget),
             expires: 0,
             blocked_until: 0,
             state: State::new(algorithm),
@@ -197,18 +202,96 @@ fn all_windows<'a>(check: &CheckRef<'a>) -> impl Iterator<Item = crate::rules::W
     check.windows.iter().chain(global).copied()
 }
 
+/// The longest budget key kept in its entry.
+const INLINE_NAME: usize = 54;
+
+/// A budget's key. A short one (a policy's 18 bytes and a user's id of up
+/// to 36: an address, a UUID) is kept in the entry itself, so a lookup
+/// compares it without reading other memory (and a new budget allocates
+/// nothing for it); a longer one is on the heap.
+#[derive(Debug)]
+enum Name {
+    Inline { len: u8, bytes: [u8; INLINE_NAME] },
+    Heap(Box<str>),
+}
+
+impl Name {
+    fn new(key: &str) -> Self {
+        let mut bytes = [0; INLINE_NAME];
+        match (bytes.get_mut(..key.len()), u8::try_from(key.len())) {
+            (Some(to), Ok(len)) => {
+                to.copy_from_slice(key.as_bytes());
+                Name::Inline { len, bytes }
+            }
+            _ => Name::Heap(key.into()),
+        }
+    }
+
+    /// Whether this is `key`.
+    fn is(&self, key: &str) -> bool {
+        match self {
+            Name::Inline { len, bytes } => bytes.get(..usize::from(*len)) == Some(key.as_bytes()),
+            Name::Heap(name) => **name == *key,
+        }
+    }
+}
+
+/// A counter algorithm's slots (one per window length): the first in the
+/// entry itself (a budget checked against one window length reads no other
+/// memory, and allocates nothing), more on the heap.
+#[derive(Debug, Default)]
+enum SlotList {
+    #[default]
+    Empty,
+    One(Slot),
+    Many(Vec<Slot>),
+}
+
+impl std::ops::Deref for SlotList {
+    type Target = [Slot];
+
+    fn deref(&self) -> &[Slot] {
+        match self {
+            SlotList::Empty => &[],
+            SlotList::One(slot) => std::slice::from_ref(slot),
+            SlotList::Many(slots) => slots,
+        }
+    }
+}
+
+impl std::ops::DerefMut for SlotList {
+    fn deref_mut(&mut self) -> &mut [Slot] {
+        match self {
+            SlotList::Empty => &mut [],
+            SlotList::One(slot) => std::slice::from_mut(slot),
+            SlotList::Many(slots) => slots,
+        }
+    }
+}
+
+impl counters::Slots for SlotList {
+    fn add(&mut self, slot: Slot) -> usize {
+        match self {
+            SlotList::Empty => *self = SlotList::One(slot),
+            SlotList::One(first) => *self = SlotList::Many(vec![*first, slot]),
+            SlotList::Many(slots) => slots.push(slot),
+        }
+        self.len().saturating_sub(1)
+    }
+}
+
 /// A budget's state, by algorithm.
 #[derive(Debug)]
 enum State {
     Log(VecDeque<u64>),
-    Slots(Vec<Slot>),
+    Slots(SlotList),
 }
 
 impl State {
     fn new(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
-            _ => State::Slots(Vec::new()),
+            _ => State::Slots(SlotList::Empty),
         }
     }
 
@@ -335,7 +418,7 @@ impl MemoryStore {
         let user_shard = self.shard_of(hash);
         let Some(global) = check.global else {
             let mut shard = lock(&inner.shards[user_shard]);
-            if let Some(entry) = shard.table.find_mut(hash, |e| *e.budget == *check.budget) {
+            if let Some(entry) = shard.table.find_mut(hash, |e| e.budget.is(check.budget)) {
                 return entry.decide(check, None, now);
             }
             return shard.decide_new(hash, check, now);
@@ -403,7 +486,7 @@ impl ShardState {
     }
 
     fn take(&mut self, hash: u64, budget: &str) -> Option<Entry> {
-        let entry = self.table.find_entry(hash, |e| *e.budget == *budget).ok()?;
+        let entry = self.table.find_entry(hash, |e| e.budget.is(budget)).ok()?;
         Some(entry.remove().0)
     }
 
@@ -486,5 +569,67 @@ mod tests {
             held < 2 * 1000 + 64 * store.inner.shards.len(),
             "held {held}"
         );
+    }
+
+    #[test]
+    fn keys_in_the_entry_and_on_the_heap_are_told_apart() {
+        let store = MemoryStore::new();
+        let windows: Arc<[Window]> = [Window::new(Duration::from_secs(60), 1).unwrap()].into();
+        // Around the inline length: keys that differ only in their last
+        // byte or their length, on either side of it.
+        let base = "k".repeat(INLINE_NAME + 2);
+        let mut keys: Vec<String> = Vec::new();
+        for len in [
+            1,
+            INLINE_NAME - 1,
+            INLINE_NAME,
+            INLINE_NAME + 1,
+            INLINE_NAME + 2,
+        ] {
+            keys.push(base[..len].to_owned());
+            keys.push(format!("{}x", &base[..len - 1]));
+        }
+        keys.push(String::new());
+        for key in &keys {
+            let first = store.decide(&Check::new(key.as_str(), windows.clone()).as_ref());
+            assert!(first.allowed(), "{} bytes: a first request", key.len());
+        }
+        for key in &keys {
+            let second = store.decide(&Check::new(key.as_str(), windows.clone()).as_ref());
+            assert!(!second.allowed(), "{} bytes: its own budget", key.len());
+        }
+        assert_eq!(store.len(), keys.len());
+    }
+
+    #[test]
+    fn counters_keep_each_window_length_as_more_are_checked() {
+        let store = MemoryStore::new();
+        let now = Timestamp::from_micros(5_000_000);
+        let w = |secs, limit| Window::new(Duration::from_secs(secs), limit).unwrap();
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+        ] {
+            let budget = format!("r:{algorithm:?}");
+            let check = |windows: Vec<Window>| {
+                let windows: Arc<[Window]> = windows.into();
+                let check = Check::new(budget.as_str(), windows)
+                    .with_algorithm(algorithm)
+                    .at(now);
+                store.decide(&check.as_ref())
+            };
+            // One window length (its slot in the entry), then a second and
+            // a third (on the heap): every count carries on.
+            let remaining =
+                |d: &Decision| d.windows().iter().map(|w| w.remaining).collect::<Vec<_>>();
+            assert_eq!(remaining(&check(vec![w(1, 10)])), [9]);
+            assert_eq!(remaining(&check(vec![w(1, 10), w(60, 20)])), [8, 19]);
+            assert_eq!(
+                remaining(&check(vec![w(1, 10), w(60, 20), w(3600, 30)])),
+                [7, 18, 29]
+            );
+            assert_eq!(remaining(&check(vec![w(60, 20)])), [17], "{algorithm:?}");
+        }
     }
 }
