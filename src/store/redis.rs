@@ -95,8 +95,10 @@
 //! the rule needs (`scripts/straight_packed_log.lua` describes it: per
 //! window where it started at the last check, then the number of entries,
 //! where the log starts and a fingerprint of the windows), read with one
-//! `GETRANGE` of its last 256 bytes and the trailer's (344 for 3 windows)
-//! and appended to with one `SETRANGE`; a log of another window count is
+//! `GETRANGE` of the trailer and the newest entry (96 bytes for 3 windows;
+//! the trailer and 32 entries, 344 bytes, when every window is counted
+//! exactly or one has a limit of at most 32, so that a short window's start
+//! is found in that read) and appended to with one `SETRANGE`; a log of another window count is
 //! rewritten once with the rule's trailer; entries that left the longest window
 //! leave the string in one copy once they are as many as the live ones
 //! (about 1 ms of Redis time per 100,000 live entries, once per as many
@@ -385,6 +387,7 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             ),
             ("TRAILER", trailer.to_string()),
             ("READ", (trailer + 256).to_string()),
+            ("SHORT", (trailer + 8).to_string()),
             // (Where the newest entry is, from the read's end, and where
             // `at` is, from the trailer's start.)
             ("BEFORE", (trailer + 7).to_string()),
