@@ -13,7 +13,11 @@
 //!
 //! - automatically, inside a check that inserts a new budget into a shard
 //!   that has doubled in size since its last sweep (so the table never holds
-//!   more than about twice the live budgets, amortised O(1) per check); and
+//!   more than about twice the live budgets, amortised O(1) per check), once
+//!   the shard holds its share of 16,384 budgets (so a budget that
+//!   empties between its requests, such as a token bucket far from its
+//!   limit, is found again rather than removed and made anew, as long as
+//!   the store holds fewer budgets than that); and
 //! - on demand, with [`MemoryStore::sweep`] (e.g. from a periodic task).
 //!
 //! After a sweep, a budget whose windows are empty holds no memory.
@@ -32,7 +36,11 @@ use super::{sliding_log, Check, CheckRef, Decision, GlobalRef, Store, StoreError
 use crate::clock::{Clock, FastClock, Timestamp};
 use crate::rules::Algorithm;
 
-/// Shards never sweep below this many budgets.
+/// A store's shards sweep on their own only once they hold this many
+/// budgets in all (about 2 MB of them), a shard at least 64.
+const KEPT_BUDGETS: usize = 16_384;
+
+/// A shard never sweeps below this many budgets.
 const MIN_SWEEP_LEN: usize = 64;
 
 /// An exact in-process store; clones share the same budgets.
@@ -78,6 +86,8 @@ struct ShardState {
     table: HashTable<Entry>,
     /// Sweep when an insert takes the table to this length.
     sweep_at: usize,
+    /// The least `sweep_at`: this shard's share of [`KEPT_BUDGETS`].
+    floor: usize,
 }
 
 /// A budget in a shard's table: 120 bytes, aligned on 128 so that finding
@@ -353,11 +363,13 @@ impl MemoryStore {
         let threads = std::thread::available_parallelism().map_or(4, usize::from);
         let shards = (threads * 8).next_power_of_two().clamp(16, 1024);
         let shift = 57 - shards.trailing_zeros();
+        let floor = (KEPT_BUDGETS / shards).max(MIN_SWEEP_LEN);
         let shards = (0..shards)
             .map(|_| {
                 Shard(Mutex::new(ShardState {
                     table: HashTable::new(),
-                    sweep_at: MIN_SWEEP_LEN,
+                    sweep_at: floor,
+                    floor,
                 }))
             })
             .collect();
@@ -491,7 +503,7 @@ impl ShardState {
     }
 
     /// Inserts an entry that is not in the table, sweeping first when the
-    /// table has doubled since the last sweep.
+    /// table has doubled since the last sweep (and holds its floor).
     fn insert(&mut self, entry: Entry, now: u64) {
         if self.table.len() + 1 >= self.sweep_at {
             self.sweep(now);
@@ -504,7 +516,7 @@ impl ShardState {
         if self.table.capacity() > 4 * self.table.len().max(MIN_SWEEP_LEN) {
             self.table.shrink_to_fit(|e| e.hash);
         }
-        self.sweep_at = (2 * self.table.len()).max(MIN_SWEEP_LEN);
+        self.sweep_at = (2 * self.table.len()).max(self.floor);
     }
 }
 
@@ -566,9 +578,32 @@ mod tests {
         }
         let held = store.len();
         assert!(
-            held < 2 * 1000 + 64 * store.inner.shards.len(),
+            held < 2 * 1000 + KEPT_BUDGETS.max(64 * store.inner.shards.len()),
             "held {held}"
         );
+    }
+
+    #[test]
+    fn budgets_that_empty_between_requests_are_kept_below_the_floor() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let windows: Arc<[Window]> = [Window::new(Duration::from_secs(1), 1_000).unwrap()].into();
+        // 5,000 users, each budget empty a millisecond after its request
+        // (a bucket of 1,000 a second, far from its limit), requests 10 ms
+        // apart: found again at the next round, not swept and made anew
+        // (nor twice).
+        for _ in 0..3 {
+            for user in 0..5_000u32 {
+                let check = Check::new(format!("r:{user}"), windows.clone())
+                    .with_algorithm(Algorithm::TokenBucket)
+                    .at(clock.now());
+                assert!(store.decide(&check.as_ref()).allowed());
+                clock.advance(Duration::from_millis(10));
+            }
+            assert_eq!(store.len(), 5_000);
+        }
+        // (A sweep asked for still reclaims them.)
+        assert_eq!(store.sweep(), 0);
     }
 
     #[test]
