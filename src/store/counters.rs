@@ -303,6 +303,20 @@ pub(crate) fn token_bucket(
     now: u64,
     record: bool,
 ) -> (Decision, u64) {
+    match windows {
+        [w] => token_bucket_one(state, w, cost, now, record),
+        _ => token_bucket_many(state, windows, cost, now, record),
+    }
+}
+
+/// [`token_bucket`] for any number of windows.
+fn token_bucket_many(
+    state: &mut impl Slots,
+    windows: &[Window],
+    cost: u32,
+    now: u64,
+    record: bool,
+) -> (Decision, u64) {
     let at = slots(state, windows);
     let cost = u64::from(cost);
     let mut tat = [0u64; MAX_WINDOWS];
@@ -346,6 +360,52 @@ pub(crate) fn token_bucket(
 }
 
 /// `(n, t)`: the bucket size and the refill interval of a window.
+/// [`token_bucket`] for one window (a single quota, the common rule): the
+/// same arithmetic without the per-window arrays, a short path of its own
+/// (as the one-window sliding log has).
+fn token_bucket_one(
+    state: &mut impl Slots,
+    w: &Window,
+    cost: u32,
+    now: u64,
+    record: bool,
+) -> (Decision, u64) {
+    let at = match state.iter().position(|s| s[0] == w.micros()) {
+        Some(p) => p,
+        None => state.add([w.micros(), 0, 0, 0]),
+    };
+    let cost = u64::from(cost);
+    let (n, t) = bucket(w);
+    let mut tat = state.get(at).map_or(0, |s| s[1]).max(now);
+    let next = tat.saturating_add(cost.saturating_mul(t));
+    let allowed = next - now <= n * t;
+    let retry = match (allowed, cost > n) {
+        (true, _) => 0,
+        (false, true) => n * t,
+        (false, false) => next - now - n * t,
+    };
+    if allowed && record {
+        tat = next;
+        if let Some(slot) = state.get_mut(at) {
+            *slot = [w.micros(), tat, 0, 0];
+        }
+    }
+    let remaining = clamp_u32((n * t).saturating_sub(tat - now) / t);
+    let r = u64::from(remaining);
+    let reset = if r >= n {
+        0
+    } else {
+        (tat - now).saturating_sub((n - r - 1) * t)
+    };
+    let decision = Decision::new(
+        allowed,
+        Some(Duration::from_micros(retry)),
+        Duration::from_micros(reset),
+        [WindowState::new(*w, remaining)],
+    );
+    (decision, tat)
+}
+
 pub(crate) fn bucket(w: &Window) -> (u64, u64) {
     let n = u64::from(w.limit());
     (n, w.micros().div_ceil(n).max(1))
@@ -476,6 +536,28 @@ mod tests {
                 .0
                 .allowed()
         );
+    }
+
+    proptest::proptest! {
+        /// The one-window token bucket decides, records and expires exactly
+        /// as the general one does on that window.
+        #[test]
+        fn one_window_token_bucket_is_the_general_one(
+            ms in 1u64..100_000,
+            limit in 1u32..2_000,
+            steps in proptest::collection::vec((0u64..200_000, 0u32..5, proptest::bool::weighted(0.9)), 1..200),
+        ) {
+            let windows = [w(ms, limit)];
+            let (mut one, mut many) = (Vec::new(), Vec::new());
+            let mut now = 1_767_225_600 * S;
+            for (gap, cost, record) in steps {
+                now += gap;
+                let a = token_bucket_one(&mut one, &windows[0], cost, now, record);
+                let b = token_bucket_many(&mut many, &windows, cost, now, record);
+                proptest::prop_assert_eq!(&a, &b);
+                proptest::prop_assert_eq!(&one, &many);
+            }
+        }
     }
 
     #[test]
