@@ -33,6 +33,7 @@ CALLS=${CALLS:-20000}
 USERS=${USERS:-1000}
 RATE=${RATE:-80000}
 TAIL=${TAIL:-344}
+EXACT=${EXACT:-0}
 BATCH=${BATCH:-1}
 batched=
 if [ "$BATCH" -gt 1 ]; then batched=--batched; fi
