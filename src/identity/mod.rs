@@ -361,20 +361,22 @@ impl HeaderValue {
     pub fn new(name: HeaderName) -> Self {
         Self { name }
     }
-}
 
-impl Identify for HeaderValue {
-    type Future = Ready<Result<Identity, IdentityError>>;
-
-    fn identify(&self, head: &Parts) -> Self::Future {
-        ready(match head.headers.get(&self.name) {
+    fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
+        match head.headers.get(&self.name) {
             Some(value) => Ok(Identity::from_slice(value.as_bytes())),
             None => Err(IdentityError::new(format!(
                 "missing `{}` header",
                 self.name
             ))),
-        })
+        }
     }
+}
+
+// (At once, as the other built-ins: the layer decides without holding the
+// request.)
+impl Identify for HeaderValue {
+    ready_identity!();
 }
 
 /// Everyone is the same user: one budget per route for the whole service.
@@ -395,6 +397,23 @@ impl Identify for Global {
 mod tests {
     use super::*;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn the_header_identity_answers_at_once() {
+        // (The layer decides without holding the request only for an
+        // identity that answers at once.)
+        let identity = HeaderValue::new(HeaderName::from_static("x-user"));
+        let (mut with, _) = http::Request::new(()).into_parts();
+        with.headers
+            .insert("x-user", http::HeaderValue::from_static("alice"));
+        let (without, _) = http::Request::new(()).into_parts();
+        let user = identity
+            .identify_now(&with)
+            .and_then(Result::ok)
+            .map(|i| i.user().to_vec());
+        assert_eq!(user, Some(b"alice".to_vec()));
+        assert!(matches!(identity.identify_now(&without), Some(Err(_))));
+    }
 
     #[test]
     fn short_users_given_by_reference_are_kept_inline() {
