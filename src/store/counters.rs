@@ -47,12 +47,17 @@ impl Slots for ArrayVec<Slot, MAX_WINDOWS> {
 fn slots(state: &mut impl Slots, windows: &[Window]) -> [usize; MAX_WINDOWS] {
     let mut at = [0usize; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
-        at[i] = match state.iter().position(|s| s[0] == w.micros()) {
-            Some(p) => p,
-            None => state.add([w.micros(), 0, 0, 0]),
-        };
+        at[i] = slot(state, w);
     }
     at
+}
+
+/// Finds (or adds, zeroed) the slot of `w`; returns its index.
+fn slot(state: &mut impl Slots, w: &Window) -> usize {
+    match state.iter().position(|s| s[0] == w.micros()) {
+        Some(p) => p,
+        None => state.add([w.micros(), 0, 0, 0]),
+    }
 }
 
 fn clamp_u32(v: u64) -> u32 {
@@ -359,7 +364,6 @@ fn token_bucket_many(
     (d, expires)
 }
 
-/// `(n, t)`: the bucket size and the refill interval of a window.
 /// [`token_bucket`] for one window (a single quota, the common rule): the
 /// same arithmetic without the per-window arrays, a short path of its own
 /// (as the one-window sliding log has).
@@ -370,10 +374,7 @@ fn token_bucket_one(
     now: u64,
     record: bool,
 ) -> (Decision, u64) {
-    let at = match state.iter().position(|s| s[0] == w.micros()) {
-        Some(p) => p,
-        None => state.add([w.micros(), 0, 0, 0]),
-    };
+    let at = slot(state, w);
     let cost = u64::from(cost);
     let (n, t) = bucket(w);
     let mut tat = state.get(at).map_or(0, |s| s[1]).max(now);
@@ -406,6 +407,7 @@ fn token_bucket_one(
     (decision, tat)
 }
 
+/// `(n, t)`: the bucket size and the refill interval of a window.
 pub(crate) fn bucket(w: &Window) -> (u64, u64) {
     let n = u64::from(w.limit());
     (n, w.micros().div_ceil(n).max(1))
