@@ -334,9 +334,8 @@ fn token_bucket_many(
         buckets[i] = (n, t);
         tat[i] = state[at[i]][1].max(now);
         let next = tat[i].saturating_add(cost.saturating_mul(t));
-        if next - now > n * t {
+        if let Some(wait) = bucket_wait((n, t), cost, next, now) {
             allowed = false;
-            let wait = if cost > n { n * t } else { next - now - n * t };
             retry = retry.max(wait);
         }
     }
@@ -349,17 +348,11 @@ fn token_bucket_many(
             state[at[i]] = [w.micros(), tat[i], 0, 0];
         }
         expires = expires.max(tat[i]);
-        remaining[i] = clamp_u32((n * t).saturating_sub(tat[i] - now) / t);
+        remaining[i] = bucket_remaining((n, t), tat[i], now);
     }
     let n = windows.len();
     let d = decision(allowed, retry, windows, &remaining[..n], |i| {
-        let (n, t) = buckets[i];
-        let r = u64::from(remaining[i]);
-        if r >= n {
-            0
-        } else {
-            (tat[i] - now).saturating_sub((n - r - 1) * t)
-        }
+        bucket_reset(buckets[i], tat[i], now, remaining[i])
     });
     (d, expires)
 }
@@ -379,25 +372,17 @@ fn token_bucket_one(
     let (n, t) = bucket(w);
     let mut tat = state.get(at).map_or(0, |s| s[1]).max(now);
     let next = tat.saturating_add(cost.saturating_mul(t));
-    let allowed = next - now <= n * t;
-    let retry = match (allowed, cost > n) {
-        (true, _) => 0,
-        (false, true) => n * t,
-        (false, false) => next - now - n * t,
-    };
+    let wait = bucket_wait((n, t), cost, next, now);
+    let allowed = wait.is_none();
+    let retry = wait.unwrap_or(0);
     if allowed && record {
         tat = next;
         if let Some(slot) = state.get_mut(at) {
             *slot = [w.micros(), tat, 0, 0];
         }
     }
-    let remaining = clamp_u32((n * t).saturating_sub(tat - now) / t);
-    let r = u64::from(remaining);
-    let reset = if r >= n {
-        0
-    } else {
-        (tat - now).saturating_sub((n - r - 1) * t)
-    };
+    let remaining = bucket_remaining((n, t), tat, now);
+    let reset = bucket_reset((n, t), tat, now, remaining);
     let decision = Decision::new(
         allowed,
         Some(Duration::from_micros(retry)),
@@ -405,6 +390,34 @@ fn token_bucket_one(
         [WindowState::new(*w, remaining)],
     );
     (decision, tat)
+}
+
+/// The wait of a request whose arrival time would be `next` in bucket
+/// `(n, t)`, or `None` if it fits: until it fits, or the whole bucket for a
+/// cost above its size.
+fn bucket_wait((n, t): (u64, u64), cost: u64, next: u64, now: u64) -> Option<u64> {
+    match (next - now > n * t, cost > n) {
+        (false, _) => None,
+        (true, true) => Some(n * t),
+        (true, false) => Some(next - now - n * t),
+    }
+}
+
+/// The requests bucket `(n, t)` still allows at `now`, with arrival time
+/// `tat`.
+fn bucket_remaining((n, t): (u64, u64), tat: u64, now: u64) -> u32 {
+    clamp_u32((n * t).saturating_sub(tat - now) / t)
+}
+
+/// When bucket `(n, t)`, with `remaining` of it left, has room for one
+/// more: 0 when full.
+fn bucket_reset((n, t): (u64, u64), tat: u64, now: u64, remaining: u32) -> u64 {
+    let r = u64::from(remaining);
+    if r >= n {
+        0
+    } else {
+        (tat - now).saturating_sub((n - r - 1) * t)
+    }
 }
 
 /// `(n, t)`: the bucket size and the refill interval of a window.
