@@ -24,9 +24,8 @@ for line in sys.stdin:
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 here=benches/instructions
-port=$((20000 + RANDOM % 20000))
 for scenario in $SCENARIOS; do
-  port=$((port + 1))
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   users=""
   case $scenario in *header*) users=--users ;; esac
   valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$work/$scenario.out" \
