@@ -376,6 +376,7 @@ async fn fallback_limits_in_memory_while_the_store_is_down_and_probes_it() {
     assert_eq!(store.calls(), after + 2);
 }
 
+#[cfg(feature = "metrics")]
 #[test]
 fn metrics_count_outcomes_and_store_latency() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
