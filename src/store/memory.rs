@@ -73,7 +73,25 @@ struct Inner {
     /// and key compares).
     shift: u32,
     hasher: foldhash::fast::RandomState,
-    clock: Arc<dyn Clock>,
+    clock: StoreClock,
+}
+
+/// The store's own clock: the default one called directly (its read is a
+/// few instructions, inlined where the store decides), any other through
+/// its trait object.
+#[derive(Debug)]
+enum StoreClock {
+    Fast(FastClock),
+    Other(Arc<dyn Clock>),
+}
+
+impl StoreClock {
+    fn now(&self) -> Timestamp {
+        match self {
+            StoreClock::Fast(clock) => clock.now(),
+            StoreClock::Other(clock) => clock.now(),
+        }
+    }
 }
 
 /// One shard, alone on its cache line so neighbours do not contend.
@@ -354,12 +372,16 @@ impl MemoryStore {
     /// to the machine. The first store made in a process calibrates the
     /// counter, once (a few milliseconds here; at most 200).
     pub fn new() -> Self {
-        Self::with_clock(FastClock::new())
+        Self::with_store_clock(StoreClock::Fast(FastClock::new()))
     }
 
     /// A store whose own time (used for checks that carry no time, and for
     /// [`sweep`](Self::sweep)) comes from `clock`.
     pub fn with_clock(clock: impl Clock) -> Self {
+        Self::with_store_clock(StoreClock::Other(Arc::new(clock)))
+    }
+
+    fn with_store_clock(clock: StoreClock) -> Self {
         let threads = std::thread::available_parallelism().map_or(4, usize::from);
         let shards = (threads * 8).next_power_of_two().clamp(16, 1024);
         let shift = 57 - shards.trailing_zeros();
@@ -378,7 +400,7 @@ impl MemoryStore {
                 shards,
                 shift,
                 hasher: foldhash::fast::RandomState::default(),
-                clock: Arc::new(clock),
+                clock,
             }),
         }
     }
@@ -419,8 +441,9 @@ impl MemoryStore {
     }
 
     fn shard_of(&self, hash: u64) -> usize {
-        // (The remainder keeps the index in range whatever the shift.)
-        usize::try_from(hash >> self.inner.shift).unwrap_or(0) % self.inner.shards.len()
+        // (The shard count is a power of two: the mask keeps the index in
+        // range whatever the shift, without a division.)
+        usize::try_from(hash >> self.inner.shift).unwrap_or(0) & (self.inner.shards.len() - 1)
     }
 
     fn decide(&self, check: &CheckRef<'_>) -> Decision {
