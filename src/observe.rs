@@ -71,8 +71,14 @@ mod keys {
 }
 
 /// Counts and logs one limited request. The metric keys are static, so
-/// recording costs no allocation.
-pub(crate) fn outcome(route: &str, budget: &str, outcome: Outcome, remaining: Option<u32>) {
+/// recording costs no allocation; `remaining` is asked for only when an
+/// event may be logged.
+pub(crate) fn outcome(
+    route: &str,
+    budget: &str,
+    outcome: Outcome,
+    remaining: impl FnOnce() -> Option<u32>,
+) {
     #[cfg(feature = "metrics")]
     {
         let key = match outcome {
@@ -86,6 +92,18 @@ pub(crate) fn outcome(route: &str, budget: &str, outcome: Outcome, remaining: Op
         };
         metrics::with_recorder(|r| r.register_counter(key, &keys::METADATA).increment(1));
     }
+    // (One look at the most verbose level any subscriber wants: below
+    // `info`, as without a subscriber, none of the events can be on, and
+    // the request's path stays short.)
+    use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+    if tracing::Level::INFO <= STATIC_MAX_LEVEL && tracing::Level::INFO <= LevelFilter::current() {
+        log_outcome(route, budget, outcome, remaining());
+    }
+}
+
+/// The events of [`outcome`].
+#[inline(never)]
+fn log_outcome(route: &str, budget: &str, outcome: Outcome, remaining: Option<u32>) {
     if outcome == Outcome::ShadowDenied {
         tracing::info!(route, "shadow mode: request would have been denied");
     }

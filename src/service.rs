@@ -411,7 +411,6 @@ impl<St: Store, I> Shared<St, I> {
             Err(error) => return self.store_failed(checked, request, &error),
         };
         let policy = checked.policy;
-        let remaining = decision.constraining().map(|w| w.remaining);
         let headers = RateHeaders::new(&decision, policy, options.headers);
         if decision.allowed() {
             let outcome = if via == Outcome::Fallback {
@@ -419,10 +418,12 @@ impl<St: Store, I> Shared<St, I> {
             } else {
                 Outcome::Allowed
             };
-            observe::outcome(&policy.route, checked.budget, outcome, remaining);
+            observe::outcome(&policy.route, checked.budget, outcome, || {
+                remaining(&decision)
+            });
             return Verdict::Pass(Some(headers));
         }
-        self.on_denied(checked, request, decision, via, headers, remaining)
+        self.on_denied(checked, request, decision, via, headers)
     }
 
     /// What a store's failure makes of a request: the fallback store's
@@ -458,7 +459,7 @@ impl<St: Store, I> Shared<St, I> {
                     &checked.policy.route,
                     checked.budget,
                     Outcome::FailClosed,
-                    None,
+                    || None,
                 );
                 let response = if decision::is_grpc(request) {
                     decision::grpc(GrpcStatus::Unavailable, "rate limiter unavailable", None)
@@ -472,7 +473,7 @@ impl<St: Store, I> Shared<St, I> {
                     &checked.policy.route,
                     checked.budget,
                     Outcome::FailOpen,
-                    None,
+                    || None,
                 );
                 Verdict::Pass(None)
             }
@@ -489,24 +490,22 @@ impl<St: Store, I> Shared<St, I> {
         decision: Decision,
         via: Outcome,
         headers: RateHeaders,
-        remaining: Option<u32>,
     ) -> Verdict<St::Future> {
         let options = &self.options;
         let policy = checked.policy;
         if policy.shadow || options.shadow {
-            observe::outcome(
-                &policy.route,
-                checked.budget,
-                Outcome::ShadowDenied,
-                remaining,
-            );
+            observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
+                remaining(&decision)
+            });
             return Verdict::Pass(Some(headers.without_retry()));
         }
         let outcome = match via {
             Outcome::Allowed => Outcome::Denied,
             other => other,
         };
-        observe::outcome(&policy.route, checked.budget, outcome, remaining);
+        observe::outcome(&policy.route, checked.budget, outcome, || {
+            remaining(&decision)
+        });
         // Only an asynchronous store's denials are cached (a store that
         // answers at once is as fast as the cache), from when it was asked:
         // an entry may end a little early, which only sends a request to
@@ -685,4 +684,9 @@ where
             state.set(next);
         }
     }
+}
+
+/// The requests left in a decision's constraining window (for its log).
+fn remaining(decision: &Decision) -> Option<u32> {
+    decision.constraining().map(|w| w.remaining)
 }
