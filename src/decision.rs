@@ -14,8 +14,9 @@
 //! would be allowed, rounded **up**, at least 1, the largest wait among the
 //! windows that deny), and an RFC 9457 `application/problem+json` body.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,6 +50,27 @@ pub(crate) fn number(n: u64) -> HeaderValue {
         },
         _ => big_number(n),
     }
+}
+
+/// A header value for a rule's limit, made when the rules are built: a
+/// static one whatever the number, so that each response's copy costs no
+/// allocation and no reference count that every thread's requests would
+/// share (a cache line passed between cores). Limits from 4,096 up are
+/// written once per distinct number and kept for the process's life,
+/// however often rules are rebuilt.
+pub(crate) fn limit_value(n: u32) -> HeaderValue {
+    if (n as usize) < SMALL_NUMBERS {
+        return number(u64::from(n));
+    }
+    static WRITTEN: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
+    let mut written = WRITTEN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let digits = *written
+        .entry(n)
+        .or_insert_with(|| Box::leak(n.to_string().into_boxed_str()));
+    HeaderValue::from_static(digits)
 }
 
 /// A header value formatted on the spot (out of line: rare). Its digits
@@ -323,7 +345,12 @@ mod tests {
         ] {
             assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
             assert_eq!(big_number(n).to_str().unwrap(), n.to_string(), "{n}");
+            if let Ok(n) = u32::try_from(n) {
+                assert_eq!(limit_value(n).to_str().unwrap(), n.to_string(), "{n}");
+            }
         }
+        // (A limit written once is the same static value after.)
+        assert_eq!(limit_value(1_000_000_007), limit_value(1_000_000_007));
     }
 
     #[test]

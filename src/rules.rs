@@ -971,7 +971,7 @@ fn compile_rule(
         let limits = windows
             .iter()
             .chain(route.global.unwrap_or(&[]))
-            .map(|w| crate::decision::number(u64::from(w.limit())))
+            .map(|w| crate::decision::limit_value(w.limit()))
             .collect();
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Some(Arc::new(Policy {
