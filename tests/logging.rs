@@ -1,0 +1,81 @@
+//! The decisions' log events, in a test binary of their own: `tracing`
+//! keeps its subscribers' interest in each event in process-wide state, which
+//! tests running at once on other threads would share.
+
+mod support;
+
+use std::sync::Arc;
+
+use support::App;
+use tower_ratelimit::{MemoryStore, Rule, Rules};
+
+fn one(rule: Rule) -> Rules {
+    Rules::builder().route("^/a", [rule]).build().unwrap()
+}
+
+/// A `tracing` writer into a buffer the test reads.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
+
+/// What two requests of one user (limit 1 a second) log under a
+/// subscriber at `level`, in shadow mode or not.
+fn logged(level: tracing::Level, shadow: bool) -> String {
+    let buffer = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(buffer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let app = App::with(one(Rule::new().second(1)), MemoryStore::new(), |l| {
+                l.shadow(shadow)
+            });
+            app.get("/a", "u").await;
+            app.get("/a", "u").await;
+        });
+    });
+    let bytes = buffer.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn decisions_are_logged_at_debug_and_shadow_denials_at_info() {
+    let debug = logged(tracing::Level::DEBUG, false);
+    assert!(debug.contains("rate limit decision"), "{debug}");
+    assert!(debug.contains("outcome=\"allowed\" remaining=0"), "{debug}");
+    assert!(debug.contains("outcome=\"denied\" remaining=0"), "{debug}");
+    let info = logged(tracing::Level::INFO, true);
+    assert!(
+        info.contains("shadow mode: request would have been denied"),
+        "{info}"
+    );
+    assert!(!info.contains("rate limit decision"), "{info}");
+    assert_eq!(logged(tracing::Level::WARN, true), "");
+}
