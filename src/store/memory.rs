@@ -76,9 +76,9 @@ struct Inner {
     clock: StoreClock,
 }
 
-/// The store's own clock: the default one called directly (its read is a
-/// few instructions, inlined where the store decides), any other through
-/// its trait object.
+/// The store's own clock: the default one called directly (a call the
+/// compiler sees, not one through a pointer), any other through its trait
+/// object.
 #[derive(Debug)]
 enum StoreClock {
     Fast(FastClock),
