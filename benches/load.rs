@@ -801,34 +801,48 @@ fn main() {
              (python3 -m venv .venv-bench && .venv-bench/bin/pip install -r benches/peers/requirements.txt)"
         );
     }
-    let scenarios: Vec<&str> = SCENARIOS
+    let picked: Vec<&str> = SCENARIOS
         .iter()
         .copied()
         .filter(|s| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s)))
         .filter(|s| python.is_some() || !PYTHON_SCENARIOS.contains(s))
         .collect();
+    // A/B: with BASE_EXE (this bench's binary from another build), each
+    // Rust scenario also runs from that build, as `<scenario>@base`, next
+    // to its own, and the report adds the ratio of the two.
+    let exe = std::env::current_exe().unwrap();
+    let base_exe = std::env::var_os("BASE_EXE").map(std::path::PathBuf::from);
+    let mut runs: Vec<(String, &str, &std::path::Path)> = Vec::new();
+    for &scenario in &picked {
+        runs.push((scenario.to_owned(), scenario, &exe));
+        if let Some(base) = base_exe.as_deref() {
+            if !PYTHON_SCENARIOS.contains(&scenario) {
+                runs.push((format!("{scenario}@base"), scenario, base));
+            }
+        }
+    }
+    let scenarios: Vec<&str> = runs.iter().map(|(label, _, _)| label.as_str()).collect();
 
     pin(std::process::id(), "1");
     let redis = redis_server::RedisServer::start();
     if let Some(pid) = redis.pid() {
         pin(pid, "1");
     }
-    let exe = std::env::current_exe().unwrap();
     let mut servers: Vec<(&str, u16, Child)> = Vec::new();
-    for &scenario in &scenarios {
+    for (label, scenario, exe) in &runs {
         let port = free_port();
         let mut command = Command::new("taskset");
         command.args(["-c", "0"]);
         match &python {
-            Some(python) if PYTHON_SCENARIOS.contains(&scenario) => {
+            Some(python) if PYTHON_SCENARIOS.contains(scenario) => {
                 command.arg(python).arg("benches/peers/asgi_peers.py");
             }
             _ => {
-                command.arg(&exe).arg("--serve");
+                command.arg(exe).arg("--serve");
             }
         }
         let mut child = command
-            .args([scenario, &port.to_string(), &redis.url()])
+            .args([*scenario, &port.to_string(), &redis.url()])
             .stdout(Stdio::null())
             .spawn()
             .expect("taskset");
@@ -838,14 +852,14 @@ fn main() {
         // whichever server holds it.
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert_running(scenario, &mut child);
+            assert_running(label, &mut child);
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "{scenario}: server did not start"
+                "{label}: server did not start"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        servers.push((scenario, port, child));
+        servers.push((label, port, child));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -973,7 +987,7 @@ fn main() {
     let mut targets = String::from(
         "\n| ratio (this run) | median of the passes' ratios | range | passes meeting the target | target |\n|---|---|---|---|---|\n",
     );
-    let pairs: &[(&str, &str, &str)] = &[
+    let targets_pairs: &[(&str, &str, &str)] = &[
         ("memory-allowed", "governor-allowed", "≥ 1.00"),
         ("memory-allowed-gcra", "governor-allowed", "≥ 1.00"),
         ("memory-allowed-noheaders", "governor-allowed", "diagnostic"),
@@ -991,7 +1005,16 @@ fn main() {
         ("redis-sliding-log", "asgi-ratelimit", "≥ 10"),
         ("redis-sliding-log", "async-ratelimit", "≥ 10"),
     ];
-    for (ours, theirs, target) in pairs {
+    // (With BASE_EXE, each scenario against its other build's.)
+    let ab: Vec<(&str, &str, &str)> = runs
+        .iter()
+        .filter_map(|(label, scenario, _)| {
+            label
+                .ends_with("@base")
+                .then_some((*scenario, label.as_str(), "A/B"))
+        })
+        .collect();
+    for &(ours, theirs, target) in targets_pairs.iter().chain(&ab) {
         let (Some(a), Some(b)) = (index(ours), index(theirs)) else {
             continue;
         };
