@@ -334,6 +334,9 @@ impl Decision {
     /// A decision. `windows` (the user's, then the route-wide ones) beyond
     /// `2 * MAX_WINDOWS` are ignored; `reset_after` belongs to the
     /// [constraining](Self::constraining) window.
+    // (Inlined: every algorithm's one-window path makes its decision with
+    // it, and a call per check shows in their instruction counts.)
+    #[inline(always)]
     pub fn new(
         allowed: bool,
         retry_after: Option<Duration>,
