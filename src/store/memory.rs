@@ -22,7 +22,6 @@
 //!
 //! After a sweep, a budget whose windows are empty holds no memory.
 
-use std::collections::VecDeque;
 use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -311,14 +310,14 @@ impl counters::Slots for SlotList {
 /// A budget's state, by algorithm.
 #[derive(Debug)]
 enum State {
-    Log(VecDeque<u64>),
+    Log(super::log::Log),
     Slots(SlotList),
 }
 
 impl State {
     fn new(algorithm: Algorithm) -> Self {
         match algorithm {
-            Algorithm::SlidingLog => State::Log(VecDeque::new()),
+            Algorithm::SlidingLog => State::Log(super::log::Log::default()),
             _ => State::Slots(SlotList::Empty),
         }
     }
@@ -337,7 +336,7 @@ impl State {
             (Algorithm::SlidingLog, State::Log(log)) => {
                 let decision = sliding_log::check(log, windows, cost, now, record);
                 let longest = windows.last().map_or(0, |w| w.micros());
-                let expires = log.back().map_or(now, |&t| t.saturating_add(longest));
+                let expires = log.back().map_or(now, |t| t.saturating_add(longest));
                 (decision, expires)
             }
             (Algorithm::FixedWindow, State::Slots(s)) => {

@@ -22,6 +22,7 @@ use crate::clock::Timestamp;
 use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
 pub(crate) mod counters;
+mod log;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -8,9 +8,9 @@
 //! both counted (the second one 1 µs later). An entry at `t` is inside a
 //! window of length `d` at `now` while `now < t + d`.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::log::Log;
 use super::{constraining, Decision, WindowState};
 use crate::rules::{Window, MAX_WINDOWS};
 
@@ -18,7 +18,7 @@ use crate::rules::{Window, MAX_WINDOWS};
 /// first), trims entries older than the longest window, and records the
 /// request when allowed and `record` is set.
 pub(crate) fn check(
-    log: &mut VecDeque<u64>,
+    log: &mut Log,
     windows: &[Window],
     cost: u32,
     now: u64,
@@ -31,20 +31,9 @@ pub(crate) fn check(
 }
 
 /// [`check`] for any number of windows.
-fn check_many(
-    log: &mut VecDeque<u64>,
-    windows: &[Window],
-    cost: u32,
-    now: u64,
-    record: bool,
-) -> Decision {
+fn check_many(log: &mut Log, windows: &[Window], cost: u32, now: u64, record: bool) -> Decision {
     let longest = windows.last().map_or(0, Window::micros);
-    while log
-        .front()
-        .is_some_and(|&t| t.saturating_add(longest) <= now)
-    {
-        log.pop_front();
-    }
+    log.trim(|t| t.saturating_add(longest) <= now);
     let total = log.len() as u64;
     let mut counts = [0u64; MAX_WINDOWS];
     let mut allowed = true;
@@ -55,7 +44,7 @@ fn check_many(
         let start = if w.micros() == longest {
             0
         } else {
-            log.partition_point(|&t| t.saturating_add(w.micros()) <= now)
+            log.partition_point(|t| t.saturating_add(w.micros()) <= now)
         };
         let count = total - start as u64;
         counts[i] = count;
@@ -64,7 +53,7 @@ fn check_many(
             allowed = false;
             // The `need`-th oldest entry of the window must leave it.
             let wait = match log.get(start + (need - 1) as usize) {
-                Some(&t) if need <= count => t.saturating_add(w.micros()).saturating_sub(now),
+                Some(t) if need <= count => t.saturating_add(w.micros()).saturating_sub(now),
                 // Costs more than the window holds: it never passes; report
                 // the whole window.
                 _ => w.micros(),
@@ -102,11 +91,9 @@ fn check_many(
 /// [`check`] for a rule of one window (the commonest): the same answer with
 /// no per-window counts, search or choice of the constraining window, so
 /// the hot path runs less code.
-fn check_one(log: &mut VecDeque<u64>, w: Window, cost: u32, now: u64, record: bool) -> Decision {
+fn check_one(log: &mut Log, w: Window, cost: u32, now: u64, record: bool) -> Decision {
     let d = w.micros();
-    while log.front().is_some_and(|&t| t.saturating_add(d) <= now) {
-        log.pop_front();
-    }
+    log.trim(|t| t.saturating_add(d) <= now);
     // The whole trimmed log is in the window.
     let mut count = log.len() as u64;
     let need = (count + u64::from(cost)).saturating_sub(u64::from(w.limit()));
@@ -117,7 +104,7 @@ fn check_one(log: &mut VecDeque<u64>, w: Window, cost: u32, now: u64, record: bo
         // The `need`-th oldest entry must leave the window (or, for a cost
         // above the limit, the whole window).
         match log.get((need - 1) as usize) {
-            Some(&t) if need <= count => t.saturating_add(d).saturating_sub(now),
+            Some(t) if need <= count => t.saturating_add(d).saturating_sub(now),
             _ => d,
         }
     };
@@ -128,7 +115,7 @@ fn check_one(log: &mut VecDeque<u64>, w: Window, cost: u32, now: u64, record: bo
     let remaining = u32::try_from(u64::from(w.limit()).saturating_sub(count)).unwrap_or(u32::MAX);
     // The window frees a slot when its oldest entry leaves it.
     let reset = match log.front() {
-        Some(&oldest) if count > 0 => oldest.saturating_add(d).saturating_sub(now),
+        Some(oldest) if count > 0 => oldest.saturating_add(d).saturating_sub(now),
         _ => 0,
     };
     Decision::new(
@@ -140,18 +127,25 @@ fn check_one(log: &mut VecDeque<u64>, w: Window, cost: u32, now: u64, record: bo
 }
 
 /// Takes the first `cost` free microseconds at or after `now`.
-fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
+#[inline]
+fn push(log: &mut Log, now: u64, cost: u32) {
+    // The common case: time moved past the newest entry (and the commonest
+    // cost, 1, is one push).
+    if cost == 1 && log.back().is_none_or(|last| last < now) {
+        log.push_back(now);
+        return;
+    }
+    push_among(log, now, cost);
+}
+
+/// [`push`] for a cost above 1, or a time at or before the newest entry.
+#[inline(never)]
+fn push_among(log: &mut Log, now: u64, cost: u32) {
     let mut t = now;
     let mut left = u64::from(cost);
     while left > 0 {
-        let Some(&last) = log.back().filter(|&&last| last >= t) else {
-            // The common case: time moved past the newest entry (and the
-            // commonest cost, 1, is one push).
-            if left == 1 {
-                log.push_back(t);
-            } else {
-                log.extend((0..left).map(|i| t + i));
-            }
+        let Some(last) = log.back().filter(|&last| last >= t) else {
+            log.extend((0..left).map(|i| t + i));
             return;
         };
         // Entries are distinct and sorted: when every microsecond from t
@@ -164,13 +158,13 @@ fn push(log: &mut VecDeque<u64>, now: u64, cost: u32) {
         let packed = usize::try_from(span)
             .ok()
             .and_then(|span| log.len().checked_sub(span))
-            .is_some_and(|i| log.get(i) == Some(&t));
+            .is_some_and(|i| log.get(i) == Some(t));
         if packed {
             log.extend((1..=left).map(|i| last + i));
             return;
         }
-        let from = log.partition_point(|&e| e < t);
-        if log.get(from) != Some(&t) {
+        let from = log.partition_point(|e| e < t);
+        if log.get(from) != Some(t) {
             log.insert(from, t);
             left -= 1;
         }
@@ -192,7 +186,7 @@ mod tests {
             steps in proptest::collection::vec((0u64..1_500_000, 1u32..4, 0u8..8), 1..60),
         ) {
             let window = [w(secs, limit)];
-            let (mut one, mut many) = (VecDeque::new(), VecDeque::new());
+            let (mut one, mut many) = (Log::default(), Log::default());
             let mut now = 10_000_000u64;
             for (step, cost, kind) in steps {
                 // Mostly forward; sometimes the same microsecond or back.
@@ -220,7 +214,7 @@ mod tests {
             now in 0u64..70,
             cost in 1u32..12,
         ) {
-            let mut log: VecDeque<u64> = taken.iter().copied().collect();
+            let mut log: Log = taken.iter().copied().collect();
             push(&mut log, now, cost);
             let mut want = taken.clone();
             let mut t = now;
@@ -231,16 +225,16 @@ mod tests {
                 want.insert(t);
             }
             let want: Vec<u64> = want.into_iter().collect();
-            proptest::prop_assert_eq!(log.into_iter().collect::<Vec<_>>(), want);
+            proptest::prop_assert_eq!(log.to_vec(), want);
         }
     }
 
     #[test]
     fn requests_take_the_first_free_microseconds_at_or_after_now() {
         let run = |log: &[u64], now: u64, cost: u32| {
-            let mut log: VecDeque<u64> = log.iter().copied().collect();
+            let mut log: Log = log.iter().copied().collect();
             push(&mut log, now, cost);
-            log.into_iter().collect::<Vec<_>>()
+            log.to_vec()
         };
         assert_eq!(run(&[], 5, 3), [5, 6, 7]);
         assert_eq!(run(&[1, 2], 5, 1), [1, 2, 5]);
@@ -263,7 +257,7 @@ mod tests {
 
     #[test]
     fn allows_up_to_the_limit_then_reports_exact_retry() {
-        let mut log = VecDeque::new();
+        let mut log = Log::default();
         let windows = [w(1, 2)];
         assert!(check(&mut log, &windows, 1, 10 * S, true).allowed());
         assert!(check(&mut log, &windows, 1, 10 * S, true).allowed());
@@ -279,7 +273,7 @@ mod tests {
 
     #[test]
     fn denied_requests_consume_nothing() {
-        let mut log = VecDeque::new();
+        let mut log = Log::default();
         let windows = [w(1, 5), w(60, 2)];
         assert!(check(&mut log, &windows, 1, S, true).allowed());
         assert!(check(&mut log, &windows, 1, S, true).allowed());
@@ -291,19 +285,19 @@ mod tests {
 
     #[test]
     fn cost_above_limit_is_denied_with_the_window_as_wait() {
-        let mut log = VecDeque::new();
+        let mut log = Log::default();
         let d = check(&mut log, &[w(10, 3)], 4, S, true);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_secs(10)));
-        assert!(log.is_empty());
+        assert_eq!(log.len(), 0);
     }
 
     #[test]
     fn a_clock_that_goes_back_takes_free_slots() {
-        let mut log = VecDeque::new();
+        let mut log = Log::default();
         let windows = [w(10, 10)];
         check(&mut log, &windows, 2, 5 * S, true);
         check(&mut log, &windows, 2, 5 * S - 1, true);
-        assert_eq!(log, [5 * S - 1, 5 * S, 5 * S + 1, 5 * S + 2]);
+        assert_eq!(log.to_vec(), [5 * S - 1, 5 * S, 5 * S + 1, 5 * S + 2]);
     }
 }
