@@ -15,12 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 STORES=${STORES:-"governor gcra log"}
 PATTERNS=${PATTERNS:-"bursts steady"}
-exe=${EXE:-$(cargo bench --bench cold --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import sys, json
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cold" and m.get("executable"):
-        print(m["executable"])' | tail -n 1)}
+exe=${EXE:-$(bash benches/instructions/bench_exe.sh cold)}
 
 # Prints "instructions read-misses write-misses checks" for one run.
 count() {

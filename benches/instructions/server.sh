@@ -9,18 +9,14 @@
 #
 #   bash benches/instructions/server.sh                  # the memory scenarios
 #   SCENARIOS="governor-header memory-header-gcra" REQUESTS=5000 bash benches/instructions/server.sh
+#   EXE=/path/to/another/load-binary bash benches/instructions/server.sh   # another build's
 #
 # Needs valgrind and python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REQUESTS=${REQUESTS:-10000}
 SCENARIOS=${SCENARIOS:-"bare governor-allowed memory-allowed memory-allowed-gcra memory-allowed-noheaders governor-header memory-header memory-header-gcra"}
-exe=$(cargo bench --bench load --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import sys, json
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "load" and m.get("executable"):
-        print(m["executable"])' | tail -n 1)
+exe=${EXE:-$(bash benches/instructions/bench_exe.sh load)}
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 here=benches/instructions
