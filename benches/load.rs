@@ -1,9 +1,17 @@
 //! The load harness: the crate against its peers, in one run, on loopback.
 //!
 //! ```sh
-//! cargo bench --bench load             # PASSES=40 SECONDS=0.5 CONNECTIONS=50
+//! cargo bench --bench load             # PASSES=40 SECONDS=0.5 CONNECTIONS=50 RESTART=4
 //! SOAK=300 cargo bench --bench load    # the soak instead (RELIABILITY.md)
+//! BASE_EXE=old-load-binary ONLY=memory-header cargo bench --bench load   # A/B two builds
+//! TOGETHER=1 RESTART=3 ONLY=governor-header,memory-header PASSES=30 cargo bench --bench load
 //! ```
+//!
+//! Every server process is restarted every RESTART passes (0: never), so
+//! that a median is taken over many processes: a process's speed depends
+//! by a percent or two on where its memory lies, for its whole life.
+//! TOGETHER loads two servers at once on the core they share, so that both
+//! feel every swing of the machine's speed alike (see [`together`]).
 //!
 //! Every scenario is an axum server in its own process, pinned to core 0;
 //! this harness (the load generator: closed loop, HTTP/1.1 keep-alive) and a
@@ -694,6 +702,46 @@ fn pin(pid: u32, core: &str) {
         .status();
 }
 
+/// Starts one scenario's server on core 0 and waits until it listens.
+fn start_server(
+    label: &str,
+    scenario: &str,
+    exe: &std::path::Path,
+    python: &Option<String>,
+    redis: &str,
+) -> (u16, Child) {
+    let port = free_port();
+    let mut command = Command::new("taskset");
+    command.args(["-c", "0"]);
+    match python {
+        Some(python) if PYTHON_SCENARIOS.contains(&scenario) => {
+            command.arg(python).arg("benches/peers/asgi_peers.py");
+        }
+        _ => {
+            command.arg(exe).arg("--serve");
+        }
+    }
+    let mut child = command
+        .args([scenario, &port.to_string(), redis])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("taskset");
+    // Each server listens before the next port is picked: a port picked
+    // while another server is still starting could be picked twice, and
+    // a server that cannot bind its port exits, leaving its load to
+    // whichever server holds it.
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert_running(label, &mut child);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{label}: server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (port, child)
+}
+
 /// Stops the run when a scenario's server has exited.
 fn assert_running(scenario: &str, child: &mut Child) {
     if let Ok(Some(status)) = child.try_wait() {
@@ -738,6 +786,89 @@ fn svg(rows: &[(String, f64)]) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The scenarios' servers: label, port, process.
+type Servers<'a> = Vec<(&'a str, u16, Child)>;
+
+/// Restarts the servers (and empties their pools) before a pass that is due.
+type Restart<'r, 'a> = dyn FnMut(usize, &mut Servers<'a>, &mut Vec<Vec<Option<Conn>>>) + 'r;
+
+/// TOGETHER: the two servers picked (`ONLY=a,b`, or one scenario and its
+/// `@base` twin) loaded at the same time, each on half the connections,
+/// both pinned to core 0, which the scheduler shares between them by CPU
+/// time: their request counts in a pass compare their CPU cost per
+/// request, with every swing of the machine's speed felt by both at once
+/// (the sequential passes feel it apart, seconds apart).
+fn together<'a>(
+    runtime: &tokio::runtime::Runtime,
+    servers: &mut Servers<'a>,
+    pools: &mut Vec<Vec<Option<Conn>>>,
+    passes: usize,
+    seconds: f64,
+    restart: &mut Restart<'_, 'a>,
+) {
+    assert!(
+        servers.len() == 2,
+        "TOGETHER takes two scenarios: ONLY=a,b, or one with BASE_EXE"
+    );
+    let mut ratios = Vec::new();
+    let mut shares = Vec::new();
+    for pass in 0..passes {
+        restart(pass, servers, pools);
+        let [(a, port_a, child_a), (b, port_b, child_b)] = &mut servers[..] else {
+            unreachable!("two servers");
+        };
+        let [pool_a, pool_b] = &mut pools[..] else {
+            unreachable!("one pool per server");
+        };
+        // Half the connections each.
+        let half = pool_a.len() / 2;
+        let (pool_a, pool_b) = (&mut pool_a[..half], &mut pool_b[..half]);
+        let cpu = |c: &Child| cpu_ticks(c.id()) as f64;
+        let (cpu_a, cpu_b) = (cpu(child_a), cpu(child_b));
+        // (Which server's connections the generator starts and polls
+        // first alternates from pass to pass.)
+        let (ok_a, ok_b) = runtime.block_on(async {
+            if pass % 2 == 0 {
+                let (a, b) = tokio::join!(
+                    load(*port_a, pool_a, seconds),
+                    load(*port_b, pool_b, seconds)
+                );
+                (a.0, b.0)
+            } else {
+                let (b, a) = tokio::join!(
+                    load(*port_b, pool_b, seconds),
+                    load(*port_a, pool_a, seconds)
+                );
+                (a.0, b.0)
+            }
+        });
+        let (used_a, used_b) = (cpu(child_a) - cpu_a, cpu(child_b) - cpu_b);
+        let ratio = ok_a as f64 / ok_b.max(1) as f64;
+        let share = used_a / (used_a + used_b).max(1.0);
+        eprintln!(
+            "pass {pass} {a} {ok_a} / {b} {ok_b} requests = {ratio:.3} ({a} had {:.0}% of the CPU)",
+            share * 100.0
+        );
+        ratios.push(ratio);
+        shares.push(share);
+        assert_running(a, child_a);
+        assert_running(b, child_b);
+    }
+    let (a, b) = (servers[0].0, servers[1].0);
+    let (low, high) = ratios
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), r| (l.min(*r), h.max(*r)));
+    let above = ratios.iter().filter(|r| **r >= 1.0).count();
+    let median = support::median(&mut ratios);
+    let share = support::median(&mut shares);
+    println!(
+        "\n{passes} passes of {seconds} s, {a} and {b} loaded together on core 0: \
+         {a} / {b} = {median:.3} (median of the passes' request ratios; range {low:.3}–{high:.3}; \
+         {above} of {passes} at or above 1); {a}'s median share of the core's CPU {:.1}%",
+        share * 100.0
+    );
 }
 
 fn main() {
@@ -828,58 +959,81 @@ fn main() {
     if let Some(pid) = redis.pid() {
         pin(pid, "1");
     }
-    let mut servers: Vec<(&str, u16, Child)> = Vec::new();
-    for (label, scenario, exe) in &runs {
-        let port = free_port();
-        let mut command = Command::new("taskset");
-        command.args(["-c", "0"]);
-        match &python {
-            Some(python) if PYTHON_SCENARIOS.contains(scenario) => {
-                command.arg(python).arg("benches/peers/asgi_peers.py");
-            }
-            _ => {
-                command.arg(exe).arg("--serve");
-            }
-        }
-        let mut child = command
-            .args([*scenario, &port.to_string(), &redis.url()])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("taskset");
-        // Each server listens before the next port is picked: a port picked
-        // while another server is still starting could be picked twice, and
-        // a server that cannot bind its port exits, leaving its load to
-        // whichever server holds it.
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert_running(label, &mut child);
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{label}: server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        servers.push((label, port, child));
-    }
+    // Each server process is restarted every RESTART passes: a process's
+    // speed depends, by a percent or two, on where its memory happens to
+    // lie (two runs of one binary side by side differ by that much, and
+    // keep their difference for the process's life), so a ratio's median
+    // is taken over many processes of each scenario, not one.
+    let restart_every = env("RESTART", 4) as usize;
+    let start = |runs: &[(String, &str, &std::path::Path)]| -> Vec<(u16, Child)> {
+        runs.iter()
+            .map(|(label, scenario, exe)| start_server(label, scenario, exe, &python, &redis.url()))
+            .collect()
+    };
+    let mut servers: Vec<(&str, u16, Child)> = runs
+        .iter()
+        .zip(start(&runs))
+        .map(|((label, _, _), (port, child))| (label.as_str(), port, child))
+        .collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    // One pool of connections per server, kept for the whole run.
-    let mut pools: Vec<Vec<Option<Conn>>> = servers
-        .iter()
-        .map(|_| (0..connections).map(|_| None).collect())
-        .collect();
+    // One pool of connections per server, kept while the server runs.
+    let fresh_pools = |servers: &[(&str, u16, Child)]| -> Vec<Vec<Option<Conn>>> {
+        servers
+            .iter()
+            .map(|_| (0..connections).map(|_| None).collect())
+            .collect()
+    };
+    let mut pools = fresh_pools(&servers);
     // Warm each server up.
-    for ((_, port, _), pool) in servers.iter().zip(&mut pools) {
-        runtime.block_on(load(*port, pool, 1.0));
-    }
+    let warm_up =
+        |servers: &[(&str, u16, Child)], pools: &mut [Vec<Option<Conn>>], seconds: f64| {
+            for ((_, port, _), pool) in servers.iter().zip(pools.iter_mut()) {
+                runtime.block_on(load(*port, pool, seconds));
+            }
+        };
+    warm_up(&servers, &mut pools, 1.0);
+    // Between passes, every RESTART passes: new processes, warmed up again.
+    let mut restart =
+        |pass: usize, servers: &mut Vec<(&str, u16, Child)>, pools: &mut Vec<Vec<Option<Conn>>>| {
+            if restart_every == 0 || pass == 0 || !pass.is_multiple_of(restart_every) {
+                return;
+            }
+            for (_, _, child) in servers.iter_mut() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            for ((_, port, child), (new_port, new_child)) in servers.iter_mut().zip(start(&runs)) {
+                *port = new_port;
+                *child = new_child;
+            }
+            *pools = fresh_pools(servers);
+            warm_up(servers, pools, 0.5);
+        };
     let ticks_per_second = 100.0; // USER_HZ on Linux
+    if std::env::var_os("TOGETHER").is_some() {
+        together(
+            &runtime,
+            &mut servers,
+            &mut pools,
+            passes,
+            seconds,
+            &mut restart,
+        );
+        for (_, _, child) in &mut servers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        return;
+    }
     let mut samples: Vec<Vec<Sample>> = scenarios.iter().map(|_| Vec::new()).collect();
     // Odd passes run the scenarios in reverse, so a drift during the run
     // touches both sides of every ratio alike.
     let mut order: Vec<usize> = (0..servers.len()).collect();
     for pass in 0..passes {
+        restart(pass, &mut servers, &mut pools);
         for &i in &order {
             let (scenario, port, child) = &mut servers[i];
             redis.cli(&["config", "resetstat"]);
