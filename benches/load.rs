@@ -788,47 +788,65 @@ fn svg(rows: &[(String, f64)]) -> String {
     out
 }
 
-/// The scenarios' servers: label, port, process.
-type Servers<'a> = Vec<(&'a str, u16, Child)>;
+/// A scenario to serve: its label, its scenario, the binary that serves it.
+type Run<'a> = (String, &'a str, &'a std::path::Path);
 
-/// Restarts the servers (and empties their pools) before a pass that is due.
-type Restart<'r, 'a> = dyn FnMut(usize, &mut Servers<'a>, &mut Vec<Vec<Option<Conn>>>) + 'r;
+/// What [`together`] measured: the median of the passes' ratios, their
+/// range, how many were at or above 1, and the first server's median
+/// share of the core's CPU.
+struct Together {
+    median: f64,
+    low: f64,
+    high: f64,
+    above: usize,
+    share: f64,
+}
 
-/// TOGETHER: the two servers picked (`ONLY=a,b`, or one scenario and its
-/// `@base` twin) loaded at the same time, each on half the connections,
-/// both pinned to core 0, which the scheduler shares between them by CPU
-/// time: their request counts in a pass compare their CPU cost per
-/// request, with every swing of the machine's speed felt by both at once
-/// (the sequential passes feel it apart, seconds apart).
-fn together<'a>(
+/// Two servers loaded at the same time, each on half the connections, both
+/// pinned to core 0, which the scheduler shares between them by CPU time:
+/// their request counts in a pass compare their CPU cost per request, with
+/// every swing of the machine's speed felt by both at once (sequential
+/// passes feel it apart, a second apart). Both are restarted every
+/// `restart_every` passes, and which one's connections the generator polls
+/// first alternates from pass to pass.
+#[allow(clippy::too_many_arguments)]
+fn together(
     runtime: &tokio::runtime::Runtime,
-    servers: &mut Servers<'a>,
-    pools: &mut Vec<Vec<Option<Conn>>>,
+    pair: [&Run<'_>; 2],
+    python: &Option<String>,
+    redis: &str,
+    connections: usize,
     passes: usize,
     seconds: f64,
-    restart: &mut Restart<'_, 'a>,
-) {
-    assert!(
-        servers.len() == 2,
-        "TOGETHER takes two scenarios: ONLY=a,b, or one with BASE_EXE"
-    );
+    restart_every: usize,
+) -> Together {
+    let [a, b] = pair.map(|(label, _, _)| label.as_str());
+    let start =
+        || pair.map(|(label, scenario, exe)| start_server(label, scenario, exe, python, redis));
+    let fresh = || -> [Vec<Option<Conn>>; 2] {
+        std::array::from_fn(|_| (0..connections / 2).map(|_| None).collect())
+    };
+    let (mut servers, mut pools) = (start(), fresh());
     let mut ratios = Vec::new();
     let mut shares = Vec::new();
     for pass in 0..passes {
-        restart(pass, servers, pools);
-        let [(a, port_a, child_a), (b, port_b, child_b)] = &mut servers[..] else {
-            unreachable!("two servers");
-        };
-        let [pool_a, pool_b] = &mut pools[..] else {
-            unreachable!("one pool per server");
-        };
-        // Half the connections each.
-        let half = pool_a.len() / 2;
-        let (pool_a, pool_b) = (&mut pool_a[..half], &mut pool_b[..half]);
+        if pass == 0 || (restart_every > 0 && pass.is_multiple_of(restart_every)) {
+            if pass > 0 {
+                for (_, child) in &mut servers {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                servers = start();
+                pools = fresh();
+            }
+            for ((port, _), pool) in servers.iter().zip(pools.iter_mut()) {
+                runtime.block_on(load(*port, pool, 0.5));
+            }
+        }
+        let [(port_a, child_a), (port_b, child_b)] = &mut servers;
+        let [pool_a, pool_b] = &mut pools;
         let cpu = |c: &Child| cpu_ticks(c.id()) as f64;
         let (cpu_a, cpu_b) = (cpu(child_a), cpu(child_b));
-        // (Which server's connections the generator starts and polls
-        // first alternates from pass to pass.)
         let (ok_a, ok_b) = runtime.block_on(async {
             if pass % 2 == 0 {
                 let (a, b) = tokio::join!(
@@ -848,7 +866,7 @@ fn together<'a>(
         let ratio = ok_a as f64 / ok_b.max(1) as f64;
         let share = used_a / (used_a + used_b).max(1.0);
         eprintln!(
-            "pass {pass} {a} {ok_a} / {b} {ok_b} requests = {ratio:.3} ({a} had {:.0}% of the CPU)",
+            "together {pass} {a} {ok_a} / {b} {ok_b} requests = {ratio:.3} ({a} had {:.0}% of the CPU)",
             share * 100.0
         );
         ratios.push(ratio);
@@ -856,19 +874,20 @@ fn together<'a>(
         assert_running(a, child_a);
         assert_running(b, child_b);
     }
-    let (a, b) = (servers[0].0, servers[1].0);
+    for (_, child) in &mut servers {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let (low, high) = ratios
         .iter()
         .fold((f64::INFINITY, 0.0f64), |(l, h), r| (l.min(*r), h.max(*r)));
-    let above = ratios.iter().filter(|r| **r >= 1.0).count();
-    let median = support::median(&mut ratios);
-    let share = support::median(&mut shares);
-    println!(
-        "\n{passes} passes of {seconds} s, {a} and {b} loaded together on core 0: \
-         {a} / {b} = {median:.3} (median of the passes' request ratios; range {low:.3}–{high:.3}; \
-         {above} of {passes} at or above 1); {a}'s median share of the core's CPU {:.1}%",
-        share * 100.0
-    );
+    Together {
+        above: ratios.iter().filter(|r| **r >= 1.0).count(),
+        median: support::median(&mut ratios),
+        low,
+        high,
+        share: support::median(&mut shares),
+    }
 }
 
 fn main() {
@@ -965,6 +984,32 @@ fn main() {
     // keep their difference for the process's life), so a ratio's median
     // is taken over many processes of each scenario, not one.
     let restart_every = env("RESTART", 4) as usize;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if std::env::var_os("TOGETHER").is_some() {
+        let [a, b] = &runs[..] else {
+            panic!("TOGETHER takes two scenarios: ONLY=a,b, or one with BASE_EXE");
+        };
+        let t = together(
+            &runtime,
+            [a, b],
+            &python,
+            &redis.url(),
+            connections,
+            passes,
+            seconds,
+            restart_every,
+        );
+        println!(
+            "\n{passes} passes of {seconds} s, {} and {} loaded together on core 0 (restarted every {restart_every} passes): \
+             {} / {} = {:.3} (median of the passes' request ratios; range {:.3}–{:.3}; \
+             {} of {passes} at or above 1); {}'s median share of the core's CPU {:.1}%",
+            a.0, b.0, a.0, b.0, t.median, t.low, t.high, t.above, a.0, t.share * 100.0
+        );
+        return;
+    }
     let start = |runs: &[(String, &str, &std::path::Path)]| -> Vec<(u16, Child)> {
         runs.iter()
             .map(|(label, scenario, exe)| start_server(label, scenario, exe, &python, &redis.url()))
@@ -975,10 +1020,6 @@ fn main() {
         .zip(start(&runs))
         .map(|((label, _, _), (port, child))| (label.as_str(), port, child))
         .collect();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     // One pool of connections per server, kept while the server runs.
     let fresh_pools = |servers: &[(&str, u16, Child)]| -> Vec<Vec<Option<Conn>>> {
         servers
@@ -996,7 +1037,7 @@ fn main() {
         };
     warm_up(&servers, &mut pools, 1.0);
     // Between passes, every RESTART passes: new processes, warmed up again.
-    let mut restart =
+    let restart =
         |pass: usize, servers: &mut Vec<(&str, u16, Child)>, pools: &mut Vec<Vec<Option<Conn>>>| {
             if restart_every == 0 || pass == 0 || !pass.is_multiple_of(restart_every) {
                 return;
@@ -1013,21 +1054,6 @@ fn main() {
             warm_up(servers, pools, 0.5);
         };
     let ticks_per_second = 100.0; // USER_HZ on Linux
-    if std::env::var_os("TOGETHER").is_some() {
-        together(
-            &runtime,
-            &mut servers,
-            &mut pools,
-            passes,
-            seconds,
-            &mut restart,
-        );
-        for (_, _, child) in &mut servers {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        return;
-    }
     let mut samples: Vec<Vec<Sample>> = scenarios.iter().map(|_| Vec::new()).collect();
     // Odd passes run the scenarios in reverse, so a drift during the run
     // touches both sides of every ratio alike.
@@ -1193,6 +1219,33 @@ fn main() {
         let median = support::median(&mut ratios);
         targets.push_str(&format!(
             "| {ours} / {theirs} | {median:.2} | {low:.2}–{high:.2} | {met} | {target} |\n",
+        ));
+    }
+    // The memory store's targets again, each pair loaded together on its
+    // core (see `together`): what sequential passes cannot hold steady when
+    // the machine's speed swings within seconds.
+    let together_passes = env("TOGETHER_PASSES", 30) as usize;
+    let run = |label: &str| runs.iter().find(|(l, _, _)| l == label);
+    for (ours, theirs, target) in targets_pairs {
+        let (Some(a), Some(b)) = (run(ours), run(theirs)) else {
+            continue;
+        };
+        if together_passes == 0 || !theirs.starts_with("governor") {
+            continue;
+        }
+        let t = together(
+            &runtime,
+            [a, b],
+            &python,
+            &redis.url(),
+            connections,
+            together_passes,
+            seconds,
+            3,
+        );
+        targets.push_str(&format!(
+            "| {ours} / {theirs}, loaded together | {:.2} | {:.2}–{:.2} | {} of {together_passes} | {target} |\n",
+            t.median, t.low, t.high, t.above
         ));
     }
     table.push_str(&targets);
