@@ -821,6 +821,8 @@ fn together(
     restart_every: usize,
 ) -> Together {
     let [a, b] = pair.map(|(label, _, _)| label.as_str());
+    // (Requests answered, whatever their status: a denied scenario's are
+    // 429s.)
     let start =
         || pair.map(|(label, scenario, exe)| start_server(label, scenario, exe, python, redis));
     let fresh = || -> [Vec<Option<Conn>>; 2] {
@@ -853,13 +855,13 @@ fn together(
                     load(*port_a, pool_a, seconds),
                     load(*port_b, pool_b, seconds)
                 );
-                (a.0, b.0)
+                (a.0 + a.1, b.0 + b.1)
             } else {
                 let (b, a) = tokio::join!(
                     load(*port_b, pool_b, seconds),
                     load(*port_a, pool_a, seconds)
                 );
-                (a.0, b.0)
+                (a.0 + a.1, b.0 + b.1)
             }
         });
         let (used_a, used_b) = (cpu(child_a) - cpu_a, cpu(child_b) - cpu_b);
