@@ -98,18 +98,21 @@ impl Log {
     pub(crate) fn pop_front(&mut self) {
         match self.len {
             0 => {}
-            1 => {
-                *self = Log {
-                    buf: std::mem::take(&mut self.buf),
-                    ..Log::default()
-                }
-            }
+            1 => self.clear(),
             _ => {
                 self.head = u32::try_from(self.slot(1)).unwrap_or(0);
                 self.len -= 1;
                 self.oldest = self.buf.get(self.head as usize).copied().unwrap_or(0);
             }
         }
+    }
+
+    /// Drops every entry, keeping the ring.
+    fn clear(&mut self) {
+        *self = Log {
+            buf: std::mem::take(&mut self.buf),
+            ..Log::default()
+        };
     }
 
     /// Drops the oldest entries while `gone` holds for them (it must hold
@@ -123,10 +126,7 @@ impl Log {
         }
         if gone(self.newest) {
             // All of them: nothing in the ring need be read.
-            *self = Log {
-                buf: std::mem::take(&mut self.buf),
-                ..Log::default()
-            };
+            self.clear();
             return;
         }
         // The newest stays; the oldest that stays is found from the front.
@@ -175,6 +175,7 @@ impl Log {
             return;
         }
         if len == self.buf.len() && !self.grow() {
+            // (Unreachable under any rule: see the type's docs.)
             return;
         }
         // Move entries i.. one slot up, newest first.
