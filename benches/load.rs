@@ -990,11 +990,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    if std::env::var_os("TOGETHER").is_some() {
-        let [a, b] = &runs[..] else {
-            panic!("TOGETHER takes two scenarios: ONLY=a,b, or one with BASE_EXE");
-        };
-        let t = together(
+    // Two scenarios loaded together for `passes`, restarted every
+    // `restart_every`.
+    let measure_together = |a: &Run<'_>, b: &Run<'_>, passes: usize, restart_every: usize| {
+        together(
             &runtime,
             [a, b],
             &python,
@@ -1003,7 +1002,13 @@ fn main() {
             passes,
             seconds,
             restart_every,
-        );
+        )
+    };
+    if std::env::var_os("TOGETHER").is_some() {
+        let [a, b] = &runs[..] else {
+            panic!("TOGETHER takes two scenarios: ONLY=a,b, or one with BASE_EXE");
+        };
+        let t = measure_together(a, b, passes, restart_every);
         println!(
             "\n{passes} passes of {seconds} s, {} and {} loaded together on core 0 (restarted every {restart_every} passes): \
              {} / {} = {:.3} (median of the passes' request ratios; range {:.3}–{:.3}; \
@@ -1235,16 +1240,7 @@ fn main() {
         if together_passes == 0 || !theirs.starts_with("governor") {
             continue;
         }
-        let t = together(
-            &runtime,
-            [a, b],
-            &python,
-            &redis.url(),
-            connections,
-            together_passes,
-            seconds,
-            3,
-        );
+        let t = measure_together(a, b, together_passes, 3);
         targets.push_str(&format!(
             "| {ours} / {theirs}, loaded together | {:.2} | {:.2}–{:.2} | {} of {together_passes} | {target} |\n",
             t.median, t.low, t.high, t.above
