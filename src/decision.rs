@@ -76,7 +76,13 @@ pub(crate) fn limit_value(n: u32) -> HeaderValue {
 /// A header value formatted on the spot (out of line: rare). Its digits
 /// are written on the stack and copied once into a buffer of their exact
 /// size: one allocation, where `HeaderValue::from(u64)` makes two (a
-/// growable buffer, then a shared one when it is frozen).
+/// growable buffer, then a shared one when it is frozen). The copy goes
+/// through `HeaderValue::from_str`, the very function axum runs on every
+/// response for its `Content-Length`: code the server already keeps in
+/// its instruction cache, where a call of our own (`from_maybe_shared`)
+/// brought seven more lines of code per request (round 21 in
+/// BENCHMARKS.md: a request's cost follows its code's footprint more than
+/// its instruction count).
 #[inline(never)]
 fn big_number(mut n: u64) -> HeaderValue {
     // Two digits per division, from a table of the pairs 00 to 99.
@@ -102,8 +108,10 @@ fn big_number(mut n: u64) -> HeaderValue {
         start -= 1;
         digits[start] = b'0' + (n % 10) as u8;
     }
-    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&digits[start..]))
-        .unwrap_or_else(|_| HeaderValue::from_static("0"))
+    std::str::from_utf8(&digits[start..])
+        .ok()
+        .and_then(|text| HeaderValue::from_str(text).ok())
+        .unwrap_or_else(|| HeaderValue::from_static("0"))
 }
 
 /// The header values of 0 .. [`SMALL_NUMBERS`], made once.
