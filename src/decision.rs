@@ -170,6 +170,8 @@ pub(crate) struct RateHeaders {
 impl RateHeaders {
     /// The headers of `decision` on `policy`, in `mode`; a denial always
     /// gets `Retry-After`.
+    // (Inlined into `on_decision`, with it into `on_identity`.)
+    #[inline(always)]
     pub(crate) fn new(decision: &Decision, policy: &Policy, mode: HeaderMode) -> Self {
         // (A denial always gets one, at least 1 s: a store that gave no
         // wait still said no.)
