@@ -218,6 +218,7 @@ impl RateHeaders {
         self
     }
 
+    #[inline]
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some(limit) = self.limit {
             headers.insert(X_RATELIMIT_LIMIT, limit);

@@ -121,6 +121,7 @@ pub(crate) struct KeyBuf {
 }
 
 impl KeyBuf {
+    #[inline]
     pub(crate) fn new() -> Self {
         Self {
             stack: ArrayString::new(),

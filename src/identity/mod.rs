@@ -206,6 +206,7 @@ macro_rules! ready_identity {
             ready(self.decide(head))
         }
 
+        #[inline]
         fn identify_now(&self, head: &Parts) -> Option<Result<Identity, IdentityError>> {
             Some(self.decide(head))
         }
