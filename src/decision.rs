@@ -35,19 +35,67 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
-/// Numbers below this get a header value made once.
-const SMALL_NUMBERS: usize = 4096;
+/// Numbers below this are header values of static text.
+const SMALL_NUMBERS: usize = 10_000;
+
+/// The decimal text of 0 to 9,999, one after the other, written at
+/// compile time: 1 digit each below 10, 2 below 100, 3 below 1,000, 4 up
+/// to 9,999, so a number's text starts at an offset computed without a
+/// table.
+const DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
+    Ok(text) => text,
+    Err(_) => panic!("digits are ASCII"),
+};
+
+/// [`DIGITS`]' bytes.
+static DIGIT_BYTES: [u8; 10 + 2 * 90 + 3 * 900 + 4 * 9000] = {
+    let mut out = [0u8; 10 + 2 * 90 + 3 * 900 + 4 * 9000];
+    let mut at = 0;
+    let mut n = 0;
+    while n < SMALL_NUMBERS {
+        let width = small_width(n);
+        let mut rest = n;
+        let mut i = width;
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+};
+
+/// How many digits `n` (below [`SMALL_NUMBERS`]) has.
+const fn small_width(n: usize) -> usize {
+    1 + (n >= 10) as usize + (n >= 100) as usize + (n >= 1000) as usize
+}
+
+/// Where `n`'s text starts in [`DIGITS`].
+const fn small_offset(n: usize) -> usize {
+    match small_width(n) {
+        1 => n,
+        2 => 10 + 2 * (n - 10),
+        3 => 190 + 3 * (n - 100),
+        _ => 2890 + 4 * (n - 1000),
+    }
+}
 
 /// A header value for a number. Small ones (the common case) are static
-/// values made once: cloning one copies two words, with no allocation and
-/// no reference count for the threads to share.
+/// text: a value that points into [`DIGITS`], with no allocation, no
+/// reference count for the threads to share, and no memory read but the
+/// digits themselves (which the server reads anyway to write them).
 pub(crate) fn number(n: u64) -> HeaderValue {
-    static CACHE: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
     match usize::try_from(n) {
-        Ok(i) if i < SMALL_NUMBERS => match CACHE.get_or_init(small_numbers).get(i) {
-            Some(value) => value.clone(),
-            None => big_number(n),
-        },
+        Ok(i) if i < SMALL_NUMBERS => {
+            let start = small_offset(i);
+            match DIGITS.get(start..start + small_width(i)) {
+                // (Digits only: `from_static`'s check of each byte passes.)
+                Some(text) => HeaderValue::from_static(text),
+                None => big_number(n),
+            }
+        }
         _ => big_number(n),
     }
 }
@@ -55,7 +103,7 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 /// A header value for a rule's limit, made when the rules are built: a
 /// static one whatever the number, so that each response's copy costs no
 /// allocation and no reference count that every thread's requests would
-/// share (a cache line passed between cores). Limits from 4,096 up are
+/// share (a cache line passed between cores). Limits from 10,000 up are
 /// written once per distinct number and kept for the process's life,
 /// however often rules are rebuilt.
 pub(crate) fn limit_value(n: u32) -> HeaderValue {
@@ -112,28 +160,6 @@ fn big_number(mut n: u64) -> HeaderValue {
         .ok()
         .and_then(|text| HeaderValue::from_str(text).ok())
         .unwrap_or_else(|| HeaderValue::from_static("0"))
-}
-
-/// The header values of 0 .. [`SMALL_NUMBERS`], made once.
-#[cold]
-#[inline(never)]
-fn small_numbers() -> Box<[HeaderValue]> {
-    let mut digits = String::with_capacity(5 * SMALL_NUMBERS);
-    let mut ends = Vec::with_capacity(SMALL_NUMBERS);
-    for i in 0..SMALL_NUMBERS {
-        let _ = write!(digits, "{i}");
-        ends.push(digits.len());
-    }
-    // Made once per process and kept for its life, as the cache is.
-    let digits: &'static str = Box::leak(digits.into_boxed_str());
-    let mut start = 0;
-    ends.into_iter()
-        .map(|end| {
-            let value = HeaderValue::from_static(&digits[start..end]);
-            start = end;
-            value
-        })
-        .collect()
 }
 
 /// Whole seconds in `d`, rounded up.
@@ -349,6 +375,7 @@ mod tests {
             101,
             4095,
             4096,
+            9_999,
             10_000,
             999_999,
             1_000_000_007,
@@ -359,6 +386,10 @@ mod tests {
             if let Ok(n) = u32::try_from(n) {
                 assert_eq!(limit_value(n).to_str().unwrap(), n.to_string(), "{n}");
             }
+        }
+        // Every number with static text.
+        for n in 0..SMALL_NUMBERS as u64 {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
         }
         // (A limit written once is the same static value after.)
         assert_eq!(limit_value(1_000_000_007), limit_value(1_000_000_007));

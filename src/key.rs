@@ -25,21 +25,25 @@ pub const MAX_ENCODED: usize = 128;
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
-/// Bytes written as they are; every other byte is percent-encoded.
-const UNRESERVED: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut i = 0;
-    while i < 256 {
-        let b = i as u8;
-        table[i] = b.is_ascii_alphanumeric()
-            || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@' | b'+' | b'=');
-        i += 1;
+/// Bytes written as they are, as a bit set over ASCII (bit `b` for byte
+/// `b`); every other byte is percent-encoded. (Two words the code holds as
+/// constants: a check per byte reads no memory, where a 256-byte table
+/// cost each request a cache miss or two; round 21 in BENCHMARKS.md.)
+const UNRESERVED: u128 = {
+    let mut set = 0u128;
+    let mut b = 0u8;
+    while b < 128 {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@' | b'+' | b'=')
+        {
+            set |= 1 << b;
+        }
+        b += 1;
     }
-    table
+    set
 };
 
 fn unreserved(b: u8) -> bool {
-    UNRESERVED[usize::from(b)]
+    b < 128 && (UNRESERVED >> b) & 1 == 1
 }
 
 /// The length `bytes` has once percent-encoded.
@@ -148,6 +152,52 @@ impl KeyBuf {
     }
 }
 
+/// A string kept inline when it has at most `N` bytes (so comparing it
+/// reads no memory but its holder's, and making it allocates nothing), on
+/// the heap beyond.
+#[derive(Clone)]
+pub(crate) enum ShortStr<const N: usize> {
+    Inline { len: u8, bytes: [u8; N] },
+    Heap(Box<str>),
+}
+
+impl<const N: usize> ShortStr<N> {
+    pub(crate) fn new(text: &str) -> Self {
+        let mut bytes = [0; N];
+        match (bytes.get_mut(..text.len()), u8::try_from(text.len())) {
+            (Some(to), Ok(len)) => {
+                to.copy_from_slice(text.as_bytes());
+                ShortStr::Inline { len, bytes }
+            }
+            _ => ShortStr::Heap(text.into()),
+        }
+    }
+
+    /// Whether this is `text`.
+    #[inline]
+    pub(crate) fn is(&self, text: &str) -> bool {
+        self.bytes() == text.as_bytes()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            ShortStr::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            ShortStr::Heap(text) => text.as_bytes(),
+        }
+    }
+
+    /// The text (checked again: off the hot path).
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.bytes()).unwrap_or_default()
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for ShortStr<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// A short stable name for a route pattern: 16 hex digits of its SHA-256.
 pub(crate) fn pattern_id(pattern: &str) -> String {
     let digest = Sha256::digest(pattern.as_bytes());
@@ -162,6 +212,30 @@ pub(crate) fn pattern_id(pattern: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unreserved_set_is_exactly_rfc_3986s_plus_at_plus_equals() {
+        for b in 0..=255u8 {
+            let expected = b.is_ascii_alphanumeric()
+                || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@' | b'+' | b'=');
+            assert_eq!(unreserved(b), expected, "{b}");
+        }
+    }
+
+    #[test]
+    fn short_strings_compare_by_content_inline_or_not() {
+        let inline = ShortStr::<8>::new("default");
+        let heap = ShortStr::<8>::new("a longer group");
+        assert!(matches!(inline, ShortStr::Inline { .. }));
+        assert!(matches!(heap, ShortStr::Heap(_)));
+        assert!(inline.is("default") && !inline.is("defaults") && !inline.is("defaul"));
+        assert!(heap.is("a longer group") && !heap.is("a longer"));
+        assert_eq!(inline.as_str(), "default");
+        assert_eq!(heap.as_str(), "a longer group");
+        assert!(ShortStr::<8>::new("").is(""));
+        assert!(ShortStr::<8>::new("12345678").is("12345678"));
+        assert!(matches!(ShortStr::<8>::new("123456789"), ShortStr::Heap(_)));
+    }
 
     #[test]
     fn safe_identities_stay_readable() {

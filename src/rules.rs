@@ -434,7 +434,9 @@ fn ietf_policy(windows: &[Window], global: &[Window]) -> Option<HeaderValue> {
 
 #[derive(Debug)]
 pub(crate) struct CompiledRule {
-    group: Box<str>,
+    /// Inline when short (every group a request is matched against is
+    /// compared without reading other memory).
+    group: crate::key::ShortStr<22>,
     method: Option<Method>,
     /// `None`: the group is unlimited.
     pub(crate) policy: Option<Arc<Policy>>,
@@ -605,7 +607,7 @@ impl Rules {
         let pick = |i: usize| {
             self.inner.routes.get(i).and_then(|route| {
                 route.rules.iter().find(|r| {
-                    &*r.group == group && r.method.as_ref().is_none_or(|m| applies(m, method))
+                    r.group.is(group) && r.method.as_ref().is_none_or(|m| applies(m, method))
                 })
             })
         };
@@ -904,7 +906,7 @@ fn split_by_group(rules: &mut [CompiledRule]) {
         }
     }
     for rule in rules.iter_mut() {
-        let group = rule.group.clone();
+        let group = rule.group.as_str().to_owned();
         if let Some(policy) = rule.policy.as_mut().and_then(Arc::get_mut) {
             if differs.contains(&policy.budget) {
                 policy.budget =
@@ -938,7 +940,7 @@ fn compile_rule(
     // An earlier rule for the same group whose method is the same, or any,
     // would always be picked first.
     if earlier.iter().any(|e| {
-        *e.group == *rule.group
+        e.group.is(&rule.group)
             && match (&e.method, &method) {
                 (None, _) => true,
                 (Some(e), Some(m)) => applies(e, m),
@@ -988,7 +990,7 @@ fn compile_rule(
         }))
     };
     Ok(CompiledRule {
-        group: rule.group.as_str().into(),
+        group: crate::key::ShortStr::new(&rule.group),
         method,
         policy,
     })

@@ -236,32 +236,7 @@ const INLINE_NAME: usize = 54;
 /// to 36: an address, a UUID) is kept in the entry itself, so a lookup
 /// compares it without reading other memory (and a new budget allocates
 /// nothing for it); a longer one is on the heap.
-#[derive(Debug)]
-enum Name {
-    Inline { len: u8, bytes: [u8; INLINE_NAME] },
-    Heap(Box<str>),
-}
-
-impl Name {
-    fn new(key: &str) -> Self {
-        let mut bytes = [0; INLINE_NAME];
-        match (bytes.get_mut(..key.len()), u8::try_from(key.len())) {
-            (Some(to), Ok(len)) => {
-                to.copy_from_slice(key.as_bytes());
-                Name::Inline { len, bytes }
-            }
-            _ => Name::Heap(key.into()),
-        }
-    }
-
-    /// Whether this is `key`.
-    fn is(&self, key: &str) -> bool {
-        match self {
-            Name::Inline { len, bytes } => bytes.get(..usize::from(*len)) == Some(key.as_bytes()),
-            Name::Heap(name) => **name == *key,
-        }
-    }
-}
+type Name = crate::key::ShortStr<INLINE_NAME>;
 
 /// A counter algorithm's slots (one per window length): the first in the
 /// entry itself (a budget checked against one window length reads no other
