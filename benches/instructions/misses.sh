@@ -1,0 +1,42 @@
+#!/bin/bash
+# Where a real axum server misses the core's caches per request: the load
+# harness's server (benches/load.rs, `--serve SCENARIO`) built with line
+# tables (the same code, into target/lines), driven over one keep-alive
+# connection (a warm-up, then REQUESTS counted) under callgrind with this
+# machine's caches (32 KB L1s, 512 KB L2 as the last level). Prints, per
+# request, the totals (instructions, instruction-cache and data-cache
+# misses), then each instruction of the rate limiter's own code (this
+# crate's, tower_governor's, governor's, dashmap's and the memcmp they call)
+# that misses the L1 data cache on at least one request in five, with its
+# source line. Deterministic for the same binary.
+#
+#   bash benches/instructions/misses.sh                       # memory-header
+#   SCENARIOS="governor-header memory-header" REQUESTS=3000 bash benches/instructions/misses.sh
+#
+# Needs valgrind, binutils' addr2line and python3.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REQUESTS=${REQUESTS:-5000}
+SCENARIOS=${SCENARIOS:-memory-header}
+exe=$(CARGO_TARGET_DIR=target/lines CARGO_PROFILE_BENCH_DEBUG=line-tables-only \
+  bash benches/instructions/bench_exe.sh load)
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+here=benches/instructions
+for scenario in $SCENARIOS; do
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  users=""
+  case $scenario in *header*) users=--users ;; esac
+  valgrind --tool=callgrind --dump-instr=yes --cache-sim=yes \
+    --I1=32768,8,64 --D1=32768,8,64 --LL=524288,8,64 \
+    --callgrind-out-file="$work/$scenario.out" \
+    "$exe" --serve "$scenario" "$port" redis://127.0.0.1:1 >"$work/$scenario.log" 2>&1 &
+  pid=$!
+  python3 "$here/http_drive.py" "$port" 3000 $users
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  python3 "$here/http_drive.py" "$port" "$REQUESTS" $users
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  sleep 1
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  python3 "$here/miss_sites.py" "$scenario" "$REQUESTS" "$exe" "$work/$scenario.out".*
+done
