@@ -549,6 +549,11 @@ pub trait Store: Send + Sync + 'static {
     /// layer then answers without holding the request, and without making
     /// an owned [`Check`]. The default, `None`, means "call
     /// [`check`](Self::check)".
+    ///
+    /// The layer asks this before its denial cache and its fallback
+    /// store: an answer given at once is never cached (the cache only
+    /// spares waits), and an error given at once goes to the fail mode as
+    /// a failed [`check`](Self::check) would.
     fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
         let _ = check;
         None
