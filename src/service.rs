@@ -31,6 +31,8 @@ pub(crate) struct Shared<St, I> {
     pub(crate) identity: Arc<I>,
     pub(crate) options: Options,
     pub(crate) state: Arc<RunState>,
+    /// [`Store::always_decides_at_once`], asked once.
+    pub(crate) at_once: bool,
 }
 
 impl<St, I> Shared<St, I> {
@@ -268,8 +270,9 @@ enum Verdict<SF> {
 }
 
 impl<St: Store, I> Shared<St, I> {
-    /// Picks the rule, then answers from the denial cache, the fallback
-    /// store or a store that decides at once, or asks the store.
+    /// Picks the rule, then answers from a store that always decides at
+    /// once, or from the denial cache, the fallback store or a store that
+    /// decides at once this time, or asks the store.
     fn on_identity(
         &self,
         head: &Parts,
@@ -313,19 +316,22 @@ impl<St: Store, I> Shared<St, I> {
             exact_windows: matches!(options.headers, HeaderMode::Ietf | HeaderMode::Both),
         };
         checked.retry = Some(check);
-        // A store that decides at once (the memory store) is asked first:
-        // none of its answers is ever cached, and it has no wait for the
-        // fallback to spare. The layer's run state is then never read
-        // (one memory line less per request).
-        if let Some(result) = self.store.check_now(&check) {
-            return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
+        // A store that always decides at once and never fails (the memory
+        // store) is asked first: none of its answers is ever cached, and
+        // it is never down for the fallback to stand in. The layer's run
+        // state is then never read (one memory line less per request).
+        if self.at_once {
+            if let Some(result) = self.store.check_now(&check) {
+                return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
+            }
         }
         self.ask(policy, checked, head, check)
     }
 
-    /// Asks a store that does not decide at once: a denial cached for the
-    /// budget, the fallback store while the store is down, or the store.
-    /// (Out of line: the memory store never comes here.)
+    /// Asks any other store: a denial cached for the budget, the fallback
+    /// store while the store is down, the store at once if it can decide
+    /// at once this time, or the store. (Out of line: the memory store
+    /// never comes here.)
     #[inline(never)]
     fn ask<'a>(
         &self,
@@ -351,6 +357,9 @@ impl<St: Store, I> Shared<St, I> {
                 let decision = fallback.store.decide_now(&check);
                 return self.on_decision(checked, &head.headers, Ok(decision), Outcome::Fallback);
             }
+        }
+        if let Some(result) = self.store.check_now(&check) {
+            return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
         }
         self.wait(policy, check)
     }

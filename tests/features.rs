@@ -376,6 +376,88 @@ async fn fallback_limits_in_memory_while_the_store_is_down_and_probes_it() {
     assert_eq!(store.calls(), after + 2);
 }
 
+/// A store that waits (through `Flaky`) unless `at_once` is set, and then
+/// answers at once with an allowance, whatever the budget: a custom store
+/// that decides at once only some of the time.
+#[derive(Clone, Default)]
+struct Sometimes {
+    waits: Flaky,
+    at_once: Arc<AtomicBool>,
+    asked_at_once: Arc<AtomicUsize>,
+}
+
+impl Store for Sometimes {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        self.waits.check(check)
+    }
+
+    fn check_now(
+        &self,
+        check: &tower_ratelimit::CheckRef<'_>,
+    ) -> Option<Result<Decision, StoreError>> {
+        if !self.at_once.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.asked_at_once.fetch_add(1, Ordering::SeqCst);
+        let windows = check
+            .windows
+            .iter()
+            .map(|w| tower_ratelimit::store::WindowState::new(*w, w.limit().saturating_sub(1)));
+        Some(Ok(Decision::new(
+            true,
+            None,
+            Duration::from_secs(1),
+            windows,
+        )))
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_decides_at_once_only_sometimes_does_not_end_the_fallback() {
+    let store = Sometimes::default();
+    let app = App::with(one(Rule::new().second(5)), store.clone(), |l| {
+        l.fail_mode(FailMode::Fallback).denial_cache(0)
+    });
+    store.waits.failing.store(true, Ordering::SeqCst);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(
+        store.waits.calls(),
+        1,
+        "the failure that starts the fallback"
+    );
+    // While the store is down its answers at once are not asked for, and
+    // cannot end the fallback: the next request that would wait does not
+    // go to the store before the next probe is due.
+    store.at_once.store(true, Ordering::SeqCst);
+    app.get("/a", "v").await;
+    assert_eq!(store.asked_at_once.load(Ordering::SeqCst), 0);
+    store.at_once.store(false, Ordering::SeqCst);
+    app.get("/a", "w").await;
+    assert_eq!(store.waits.calls(), 1, "no wait on a store that is down");
+}
+
+#[tokio::test]
+async fn a_cached_denial_is_served_before_a_store_that_decides_at_once_only_sometimes() {
+    let store = Sometimes::default();
+    let app = App::new(one(Rule::new().second(1)), store.clone());
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The denial is cached until 1 s: the store is not asked, not even at
+    // once (where this one would allow).
+    store.at_once.store(true, Ordering::SeqCst);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(store.asked_at_once.load(Ordering::SeqCst), 0);
+    assert_eq!(store.waits.calls(), 2);
+}
+
 #[cfg(feature = "metrics")]
 #[test]
 fn metrics_count_outcomes_and_store_latency() {

@@ -533,6 +533,10 @@ impl Store for MemoryStore {
     fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
         Some(Ok(self.decide(check)))
     }
+
+    fn always_decides_at_once(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -549,14 +549,20 @@ pub trait Store: Send + Sync + 'static {
     /// layer then answers without holding the request, and without making
     /// an owned [`Check`]. The default, `None`, means "call
     /// [`check`](Self::check)".
-    ///
-    /// The layer asks this before its denial cache and its fallback
-    /// store: an answer given at once is never cached (the cache only
-    /// spares waits), and an error given at once goes to the fail mode as
-    /// a failed [`check`](Self::check) would.
     fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
         let _ = check;
         None
+    }
+
+    /// Whether [`check_now`](Self::check_now) always answers, and never
+    /// with an error (the memory store's does). The layer then asks it
+    /// first, without reading its denial cache (which only spares waits)
+    /// or its fallback state (which only spares a store that is down):
+    /// less memory touched per request. The default, `false`, keeps the
+    /// order a store that may wait or fail needs: a cached denial, then
+    /// the fallback store while the store is down, then the store.
+    fn always_decides_at_once(&self) -> bool {
+        false
     }
 }
 
@@ -569,5 +575,9 @@ impl<S: Store> Store for Arc<S> {
 
     fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
         (**self).check_now(check)
+    }
+
+    fn always_decides_at_once(&self) -> bool {
+        (**self).always_decides_at_once()
     }
 }
