@@ -5,53 +5,27 @@ in five, each with its source line (addr2line on EXE, built with line
 tables).
 
     python3 miss_sites.py NAME REQUESTS EXE FILE..."""
-import collections
 import re
 import subprocess
 import sys
+
+from callgrind_dump import own_events
 
 OWN = re.compile(r"tower_ratelimit|governor|dashmap|memcmp")
 EVENTS = "Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw".split()
 
 
 def read(paths):
-    """Events per instruction address, the function of each, and totals."""
-    cost = collections.defaultdict(lambda: [0] * len(EVENTS))
-    fn_of, totals = {}, [0] * len(EVENTS)
-    for path in paths:
-        names, fn, addr, after_call = {}, None, 0, False
-        for line in open(path, errors="replace"):
-            if line.startswith(("fn=", "cfn=")):
-                m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
-                if m.group(3):
-                    names[m.group(2)] = m.group(3)
-                if m.group(1) == "fn":
-                    fn = names.get(m.group(2))
-                continue
-            if line.startswith("calls="):
-                after_call = True
-                continue
-            if line[:1] not in "0123456789+-*":
-                continue
-            fields = line.split()
-            a = fields[0]
-            if a.startswith("0x"):
-                addr = int(a, 16)
-            elif a[0] in "+-":
-                addr += int(a)
-            if after_call:
-                # (The inclusive cost of a call, not this instruction's own.)
-                after_call = False
-                continue
-            # (Fields: instruction address, source line, then the events.)
-            values = [int(x) for x in fields[2:2 + len(EVENTS)]]
-            for i, v in enumerate(values):
-                totals[i] += v
-            if fn and OWN.search(fn):
-                c = cost[addr]
-                fn_of[addr] = fn
-                for i, v in enumerate(values):
-                    c[i] += v
+    """Events per instruction address of the limiter's own code, the
+    function of each, and the totals over every function."""
+    cost, fn_of, totals = {}, {}, [0] * len(EVENTS)
+    for (fn, addr), events in own_events(paths).items():
+        events = (events + [0] * len(EVENTS))[: len(EVENTS)]
+        for i, v in enumerate(events):
+            totals[i] += v
+        if fn and OWN.search(fn):
+            cost[addr] = events
+            fn_of[addr] = fn
     return cost, fn_of, totals
 
 

@@ -20,18 +20,9 @@ exe=${EXE:-$(bash benches/instructions/bench_exe.sh load)}
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 here=benches/instructions
+# shellcheck source=serve_callgrind.sh
+source "$here/serve_callgrind.sh"
 for scenario in $SCENARIOS; do
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  users=""
-  case $scenario in *header*) users=--users ;; esac
-  valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$work/$scenario.out" \
-    "$exe" --serve "$scenario" "$port" redis://127.0.0.1:1 >"$work/$scenario.log" 2>&1 &
-  pid=$!
-  python3 "$here/http_drive.py" "$port" 3000 $users
-  callgrind_control -z "$pid" >/dev/null 2>&1
-  python3 "$here/http_drive.py" "$port" "$REQUESTS" $users
-  callgrind_control -d "$pid" >/dev/null 2>&1
-  sleep 1
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  serve_callgrind "$exe" "$scenario" "$work/$scenario.out" "$REQUESTS"
   python3 "$here/hot_lines.py" "$scenario" "$REQUESTS" "$work/$scenario.out".*
 done
