@@ -275,7 +275,7 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     }
 }
 
-impl<S, St: Store, I, M> Layer<S> for RateLimitLayer<St, I, M> {
+impl<S, St, I, M> Layer<S> for RateLimitLayer<St, I, M> {
     type Service = RateLimit<S, St, I, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -291,7 +291,6 @@ impl<S, St: Store, I, M> Layer<S> for RateLimitLayer<St, I, M> {
                 identity: self.identity.clone(),
                 options: self.options.clone(),
                 state,
-                at_once: self.store.always_decides_at_once(),
             }),
         )
     }

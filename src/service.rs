@@ -31,8 +31,6 @@ pub(crate) struct Shared<St, I> {
     pub(crate) identity: Arc<I>,
     pub(crate) options: Options,
     pub(crate) state: Arc<RunState>,
-    /// [`Store::always_decides_at_once`], asked once.
-    pub(crate) at_once: bool,
 }
 
 impl<St, I> Shared<St, I> {
@@ -320,7 +318,8 @@ impl<St: Store, I> Shared<St, I> {
         // store) is asked first: none of its answers is ever cached, and
         // it is never down for the fallback to stand in. The layer's run
         // state is then never read (one memory line less per request).
-        if self.at_once {
+        // (A constant for each store type: the check compiles away.)
+        if self.store.always_decides_at_once() {
             if let Some(result) = self.store.check_now(&check) {
                 return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
             }
