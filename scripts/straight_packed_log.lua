@@ -54,7 +54,7 @@ end
 -- (all its entries are among them). Otherwise the trailer and the newest
 -- entry alone: a window that cannot deny is not searched, one that can
 -- holds more than 32 entries, and 248 bytes fewer cost Redis about 2,700
--- instructions (6% of a check; BENCHMARKS.md, round 18).
+-- instructions (6% of a check; benches/HISTORY.md, round 18).
 local read, from = $SHORT, '-$SHORT'
 if exact == 1 or $each( or ){n@ <= 32} then read, from = $READ, '-$READ' end
 local tail = redis.call('GETRANGE', key, from, '-1')

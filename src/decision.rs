@@ -128,7 +128,7 @@ pub(crate) fn limit_value(n: u32) -> HeaderValue {
 /// through `HeaderValue::from_str`, as axum makes its `Content-Length`:
 /// the compiler inlines its check here, where `from_maybe_shared` on a
 /// `Bytes` took a type check and a call out of line; 12 fewer lines of
-/// code per request (round 21 in BENCHMARKS.md: a request's cost follows
+/// code per request (round 21 in benches/HISTORY.md: a request's cost follows
 /// its code's footprint more than its instruction count).
 #[inline(never)]
 fn big_number(mut n: u64) -> HeaderValue {

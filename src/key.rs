@@ -28,7 +28,7 @@ const HEX: &[u8; 16] = b"0123456789ABCDEF";
 /// Bytes written as they are, as a bit set over ASCII (bit `b` for byte
 /// `b`); every other byte is percent-encoded. (Two words the code holds as
 /// constants: a check per byte reads no memory, where a 256-byte table
-/// cost each request a cache miss or two; round 21 in BENCHMARKS.md.)
+/// cost each request a cache miss or two; round 21 in benches/HISTORY.md.)
 const UNRESERVED: u128 = {
     let mut set = 0u128;
     let mut b = 0u8;

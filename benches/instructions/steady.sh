@@ -5,7 +5,7 @@
 # per user by default, as in the load harness), after WARM checks of
 # warm-up. The warm-up runs on a plain redis-server, whose keys are saved
 # and loaded by the one callgrind then counts, so only the measured checks
-# are counted, and every run counts the same calls (BENCHMARKS.md, round 12).
+# are counted, and every run counts the same calls (benches/HISTORY.md, round 12).
 #
 #   bash benches/instructions/steady.sh     # WARM=100000 CALLS=20000 USERS=1000 RATE=80000 TAIL=344 BATCH=1 EXACT=0
 #

@@ -329,7 +329,7 @@ const OCTET_TEXT: [[u8; 4]; 256] = {
 /// octet's text and dot are copied from a table as one 4-byte word. (A
 /// table lookup rather than digit arithmetic: the code is a third of the
 /// size, and a request's cost follows its code's footprint; round 21 in
-/// BENCHMARKS.md.)
+/// benches/HISTORY.md.)
 fn push_v4(out: &mut ArrayVec<u8, 46>, ip: std::net::Ipv4Addr) {
     // Written into a local buffer, then appended at once: one capacity
     // check instead of one per byte. Before the last octet the text is at

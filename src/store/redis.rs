@@ -1440,7 +1440,7 @@ impl RedisStore {
             // that has no batch script (a block time, route-wide windows):
             // sent in a pipeline, its script costs Redis about 0.7 µs more
             // per call than spread out, more than the batch saves
-            // (BENCHMARKS.md, round 14).
+            // (benches/HISTORY.md, round 14).
             (Some(batcher), _)
                 if (batch.is_some() || check.algorithm != Algorithm::SlidingLog)
                     && batcher.here() =>
