@@ -489,6 +489,19 @@ struct RulesInner {
     headers: HeaderMode,
 }
 
+impl RulesInner {
+    /// Whether the method or the path is excluded. (Out of line: a table
+    /// without exclusions, the common one, never comes here.)
+    #[inline(never)]
+    fn excluded(&self, method: &Method, path: &str) -> bool {
+        self.exclude_methods.contains(method)
+            || self
+                .exclude_paths
+                .as_ref()
+                .is_some_and(|set| set.is_match(path))
+    }
+}
+
 impl fmt::Debug for Rules {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
@@ -540,11 +553,8 @@ impl Rules {
     /// or when the path or method is excluded.
     pub(crate) fn candidates(&self, method: &Method, path: &str) -> Option<Candidates> {
         let inner = &*self.inner;
-        if inner.exclude_methods.contains(method)
-            || inner
-                .exclude_paths
-                .as_ref()
-                .is_some_and(|set| set.is_match(path))
+        if (!inner.exclude_methods.is_empty() || inner.exclude_paths.is_some())
+            && inner.excluded(method, path)
         {
             return None;
         }
@@ -552,48 +562,18 @@ impl Rules {
         if n == 0 {
             return None;
         }
-        // One reusable set of hits per thread: matching allocates nothing.
-        thread_local! {
-            static HITS: std::cell::RefCell<PatternSet> =
-                std::cell::RefCell::new(PatternSet::new(0));
-        }
-        if let Some(prefixes) = &inner.prefixes {
-            let mut hits = prefixes
-                .iter()
-                .enumerate()
-                .filter(|(_, prefix)| path.starts_with(&***prefix))
-                .map(|(i, _)| i)
-                .peekable();
-            hits.peek()?;
-            return Some(if n <= 64 {
-                Candidates::Mask(hits.fold(0u64, |m, i| m | (1u64 << i)))
-            } else {
-                Candidates::Many(hits.filter_map(|i| u32::try_from(i).ok()).collect())
-            });
-        }
-        HITS.with(|hits| {
-            let mut hits = hits.borrow_mut();
-            if hits.capacity() != n {
-                *hits = PatternSet::new(n);
+        match &inner.prefixes {
+            Some(prefixes) if n <= 64 => {
+                let mask = prefixes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, prefix)| path.starts_with(&***prefix))
+                    .fold(0u64, |m, (i, _)| m | (1u64 << i));
+                (mask != 0).then_some(Candidates::Mask(mask))
             }
-            hits.clear();
-            inner
-                .set
-                .which_overlapping_matches(&Input::new(path), &mut hits);
-            if hits.is_empty() {
-                None
-            } else if n <= 64 {
-                Some(Candidates::Mask(
-                    hits.iter().fold(0u64, |m, id| m | (1u64 << id.as_usize())),
-                ))
-            } else {
-                Some(Candidates::Many(
-                    hits.iter()
-                        .filter_map(|id| u32::try_from(id.as_usize()).ok())
-                        .collect(),
-                ))
-            }
-        })
+            Some(prefixes) => many_prefixes(prefixes, path),
+            None => set_candidates(inner, path),
+        }
     }
 
     /// The rule that applies to a request of `group` and `method` among the
@@ -623,9 +603,71 @@ impl Rules {
                 }
                 None
             }
-            Candidates::Many(list) => list.iter().find_map(|&i| pick(i as usize)),
+            Candidates::Many(list) => self.select_many(list, group, method),
         }
     }
+
+    /// [`select`](Self::select) among more than 64 routes. (Out of line:
+    /// the common table's path stays compact in the instruction cache.)
+    #[inline(never)]
+    fn select_many(&self, list: &[u32], group: &str, method: &Method) -> Option<&CompiledRule> {
+        list.iter().find_map(|&i| {
+            self.inner.routes.get(i as usize).and_then(|route| {
+                route.rules.iter().find(|r| {
+                    r.group.is(group) && r.method.as_ref().is_none_or(|m| applies(m, method))
+                })
+            })
+        })
+    }
+}
+
+/// The routes among more than 64 whose literal prefix starts `path`.
+/// (Out of line, like [`set_candidates`].)
+#[inline(never)]
+fn many_prefixes(prefixes: &[Box<str>], path: &str) -> Option<Candidates> {
+    let hits: Vec<u32> = prefixes
+        .iter()
+        .enumerate()
+        .filter(|(_, prefix)| path.starts_with(&***prefix))
+        .filter_map(|(i, _)| u32::try_from(i).ok())
+        .collect();
+    (!hits.is_empty()).then_some(Candidates::Many(hits))
+}
+
+/// The routes whose regular expression matches `path`, by the table's
+/// regex set. (Out of line: a table of literal prefixes never comes here,
+/// and each path stays compact in the instruction cache.)
+#[inline(never)]
+fn set_candidates(inner: &RulesInner, path: &str) -> Option<Candidates> {
+    // One reusable set of hits per thread: matching allocates nothing.
+    thread_local! {
+        static HITS: std::cell::RefCell<PatternSet> =
+            std::cell::RefCell::new(PatternSet::new(0));
+    }
+    let n = inner.routes.len();
+    HITS.with(|hits| {
+        let mut hits = hits.borrow_mut();
+        if hits.capacity() != n {
+            *hits = PatternSet::new(n);
+        }
+        hits.clear();
+        inner
+            .set
+            .which_overlapping_matches(&Input::new(path), &mut hits);
+        if hits.is_empty() {
+            None
+        } else if n <= 64 {
+            Some(Candidates::Mask(
+                hits.iter().fold(0u64, |m, id| m | (1u64 << id.as_usize())),
+            ))
+        } else {
+            Some(Candidates::Many(
+                hits.iter()
+                    .filter_map(|id| u32::try_from(id.as_usize()).ok())
+                    .collect(),
+            ))
+        }
+    })
 }
 
 /// Whether a rule for `rule` applies to a request with `request`: the same
@@ -1302,6 +1344,39 @@ mod tests {
             "/api", "^/api$", "^/a.i", "^/(a|b)", "^/a\\d", "^/a b", "^/[a]",
         ] {
             assert_eq!(literal_prefix(pattern), None, "{pattern}");
+        }
+    }
+
+    #[test]
+    fn tables_of_more_than_64_routes_match_and_select_in_order() {
+        for literal in [true, false] {
+            let mut builder = Rules::builder();
+            for i in 0..100 {
+                let pattern = match literal {
+                    true => format!("^/r{i}/"),
+                    false => format!("^/r{i}/.*"),
+                };
+                builder = builder.route(pattern, [Rule::new().second(1)]);
+            }
+            let last = if literal { "^/" } else { "^/.*" };
+            let rules = builder
+                .route(last, [Rule::new().second(2), Rule::group("g").second(3)])
+                .build()
+                .unwrap();
+            assert_eq!(rules.inner.prefixes.is_some(), literal);
+            assert!(matches!(
+                rules.candidates(&Method::GET, "/r70/x"),
+                Some(Candidates::Many(_))
+            ));
+            assert_eq!(matched(&rules, "/r70/x"), [70, 100], "literal: {literal}");
+            assert_eq!(matched(&rules, "/elsewhere"), [100]);
+            // The first matched route with a rule for the group applies.
+            let catch_all = budget(&rules, "/elsewhere", "default");
+            assert_ne!(budget(&rules, "/r70/x", "default"), catch_all);
+            assert_eq!(
+                budget(&rules, "/r70/x", "g"),
+                budget(&rules, "/elsewhere", "g")
+            );
         }
     }
 
