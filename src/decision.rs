@@ -178,6 +178,7 @@ impl RateHeaders {
         let retry_after = if decision.allowed() {
             0
         } else {
+            crate::cold_path();
             retry_after_secs(decision.retry_after().unwrap_or_default())
         };
         let Some((index, w)) = decision
@@ -199,6 +200,7 @@ impl RateHeaders {
         });
         let ietf = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
+                crate::cold_path();
                 ietf_headers(decision, policy, p, reset)
             }
             _ => None,
@@ -220,21 +222,38 @@ impl RateHeaders {
 
     #[inline]
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        if let Some(limit) = self.limit {
+        let Self {
+            limit,
+            remaining,
+            reset,
+            retry_after,
+            ietf,
+        } = self;
+        if let Some(limit) = limit {
             headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, number(u64::from(self.remaining)));
-            headers.insert(X_RATELIMIT_RESET, number(self.reset));
+            headers.insert(X_RATELIMIT_REMAINING, number(u64::from(remaining)));
+            headers.insert(X_RATELIMIT_RESET, number(reset));
         }
-        if let Some(ietf) = self.ietf {
-            let [policy, state] = *ietf;
-            headers.insert(RATELIMIT_POLICY, policy);
-            headers.insert(RATELIMIT, state);
+        if ietf.is_some() || retry_after > 0 {
+            apply_others(ietf, retry_after, headers);
         }
-        if self.retry_after > 0 {
-            headers
-                .entry(RETRY_AFTER)
-                .or_insert_with(|| number(self.retry_after));
-        }
+    }
+}
+
+/// The IETF headers and `Retry-After` of [`RateHeaders::apply`]. (Out of
+/// line: the common response, allowed with the `X-RateLimit-*` headers,
+/// stays compact in the instruction cache.)
+#[inline(never)]
+fn apply_others(ietf: Option<Box<[HeaderValue; 2]>>, retry_after: u64, headers: &mut HeaderMap) {
+    if let Some(ietf) = ietf {
+        let [policy, state] = *ietf;
+        headers.insert(RATELIMIT_POLICY, policy);
+        headers.insert(RATELIMIT, state);
+    }
+    if retry_after > 0 {
+        headers
+            .entry(RETRY_AFTER)
+            .or_insert_with(|| number(retry_after));
     }
 }
 

@@ -72,6 +72,18 @@ pub mod rules;
 mod service;
 pub mod store;
 
+/// Marks the path that calls it as rare: the compiler then lays that
+/// path's code out after the common path's, which stays compact in the
+/// instruction cache (round 23 in `benches/HISTORY.md`).
+/// `std::hint::cold_path` does the same from Rust 1.95; the crate builds on
+/// 1.88. (`black_box` keeps the call, and with it the hint, from being
+/// optimized away.)
+#[cold]
+#[inline(never)]
+pub(crate) fn cold_path() {
+    std::hint::black_box(());
+}
+
 pub use body::{RateLimitBody, SameBody};
 pub use error::{ConfigError, ConfigErrorKind};
 pub use layer::{FailMode, RateLimitLayer, DEFAULT_DENIAL_CACHE};

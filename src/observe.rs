@@ -97,6 +97,7 @@ pub(crate) fn outcome(
     // the request's path stays short.)
     use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
     if tracing::Level::INFO <= STATIC_MAX_LEVEL && tracing::Level::INFO <= LevelFilter::current() {
+        crate::cold_path();
         log_outcome(route, budget, outcome, remaining());
     }
 }

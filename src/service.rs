@@ -133,7 +133,7 @@ where
             .rules
             .candidates(request.method(), request.uri().path());
         let Some(candidates) = candidates else {
-            return ResponseFuture::calling(self.inner.call(request), None);
+            return self.unmatched(request);
         };
         let (head, body) = request.into_parts();
         // The fast path: an identity and a store that answer at once (the
@@ -141,19 +141,74 @@ where
         // and the ready inner service is called directly.
         let verdict = match shared.identity.identify_now(&head) {
             Some(identity) => shared.on_identity(&head, &candidates, identity),
-            None => {
-                let fut = shared.identity.identify(&head);
-                let pending = self.pending(head, body, candidates);
-                return ResponseFuture::new(State::Identifying {
-                    fut,
-                    pending: Some(pending),
-                });
-            }
+            None => return self.identifying(head, body, candidates),
         };
         match verdict {
             Verdict::Pass(headers) => {
                 let fut = self.inner.call(Request::from_parts(head, body));
                 ResponseFuture::calling(fut, headers)
+            }
+            verdict => self.not_passed(verdict, head, body, candidates),
+        }
+    }
+}
+
+impl<S, St, I, M> RateLimit<S, St, I, M>
+where
+    St: Store,
+    I: Identify,
+{
+    /// A request no rule matches: straight to the inner service. (Out of
+    /// line, like [`not_passed`](Self::not_passed): each path has its own
+    /// copy of the inner service's call, compact in the instruction cache.)
+    #[inline(never)]
+    fn unmatched<ReqBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, St, I, M>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        ResponseFuture::calling(self.inner.call(request), None)
+    }
+
+    /// A request whose identity is decided asynchronously: held until it is.
+    /// (Out of line, like [`not_passed`](Self::not_passed).)
+    #[inline(never)]
+    fn identifying<ReqBody>(
+        &mut self,
+        head: Parts,
+        body: ReqBody,
+        candidates: Candidates,
+    ) -> ResponseFuture<S, ReqBody, St, I, M>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        let fut = self.shared.identity.identify(&head);
+        let pending = self.pending(head, body, candidates);
+        ResponseFuture::new(State::Identifying {
+            fut,
+            pending: Some(pending),
+        })
+    }
+
+    /// A request answered without the inner service, or held for an
+    /// asynchronous store. (Out of line: the path of a request let through
+    /// at once stays compact in the instruction cache.)
+    #[inline(never)]
+    fn not_passed<ReqBody>(
+        &mut self,
+        verdict: Verdict<St::Future>,
+        head: Parts,
+        body: ReqBody,
+        candidates: Candidates,
+    ) -> ResponseFuture<S, ReqBody, St, I, M>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        match verdict {
+            Verdict::Pass(headers) => {
+                ResponseFuture::calling(self.inner.call(Request::from_parts(head, body)), headers)
             }
             Verdict::Answer(response, headers) => ResponseFuture::answer(response, headers),
             Verdict::Wait(fut, held) => {
@@ -288,7 +343,13 @@ impl<St: Store, I> Shared<St, I> {
             return Verdict::Pass(None);
         };
         let options = &self.options;
-        let cost = options.cost.as_ref().map_or(1, |f| f(head));
+        let cost = match &options.cost {
+            None => 1,
+            Some(f) => {
+                crate::cold_path();
+                f(head)
+            }
+        };
         let mut key = key::KeyBuf::new();
         let budget = key.write(&policy.budget, identity.user());
         let mut checked = Checked {
@@ -304,7 +365,10 @@ impl<St: Store, I> Shared<St, I> {
             windows: &policy.windows,
             algorithm: policy.algorithm,
             cost,
-            now: options.clock.as_ref().map(|c| c.now()),
+            now: options.clock.as_ref().map(|c| {
+                crate::cold_path();
+                c.now()
+            }),
             global: policy.global.as_ref().map(|g| GlobalRef {
                 budget: &g.budget,
                 windows: &g.windows,
@@ -323,6 +387,7 @@ impl<St: Store, I> Shared<St, I> {
             if let Some(result) = self.store.check_now(&check) {
                 return self.on_decision(checked, &head.headers, result, Outcome::Allowed);
             }
+            crate::cold_path();
         }
         self.ask(policy, checked, head, check)
     }
@@ -434,6 +499,7 @@ impl<St: Store, I> Shared<St, I> {
                 // (The fail mode, in the options at hand, tells whether
                 // there is a fallback before the run state is read.)
                 if via == Outcome::Allowed && options.fail_mode == FailMode::Fallback {
+                    crate::cold_path();
                     if let Some(fallback) = &self.state.fallback {
                         fallback.recovered();
                     }
@@ -455,6 +521,7 @@ impl<St: Store, I> Shared<St, I> {
             });
             return Verdict::Pass(Some(headers));
         }
+        crate::cold_path();
         self.on_denied(checked, request, decision, via, headers)
     }
 
@@ -645,6 +712,47 @@ where
     }
 }
 
+/// The next state of a held request once its identity is known. (Out of
+/// line, like [`decided`]: the response future's common path, a request
+/// let through at once, stays compact in the instruction cache.)
+#[inline(never)]
+fn identified<S, B, St, I, R>(
+    identity: Result<Identity, IdentityError>,
+    pending: Box<Pending<S, B, St, I>>,
+) -> StateOf<S, B, St, I>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    St: Store,
+    I: Identify,
+{
+    let verdict = pending
+        .shared
+        .on_identity(&pending.head, &pending.candidates, identity);
+    next_state(verdict, pending)
+}
+
+/// The next state of a request held for the store once the store answers;
+/// `None` if the request holds no check (never).
+#[inline(never)]
+fn decided<S, B, St, I, R>(
+    result: Result<Decision, StoreError>,
+    mut pending: Box<Pending<S, B, St, I>>,
+) -> Option<StateOf<S, B, St, I>>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    St: Store,
+    I: Identify,
+{
+    let held = pending.held.take()?;
+    let verdict = pending.shared.on_decision(
+        held.checked(),
+        &pending.head.headers,
+        result,
+        Outcome::Allowed,
+    );
+    Some(next_state(verdict, pending))
+}
+
 impl<S, B, St, I, M> fmt::Debug for ResponseFuture<S, B, St, I, M>
 where
     S: Service<Request<B>>,
@@ -674,27 +782,17 @@ where
                     let Some(pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    let verdict =
-                        pending
-                            .shared
-                            .on_identity(&pending.head, &pending.candidates, identity);
-                    next_state(verdict, pending)
+                    identified(identity, pending)
                 }
                 StateProj::Checking { fut, pending } => {
                     let result = ready!(fut.poll(cx));
-                    let Some(mut pending) = pending.take() else {
+                    let Some(pending) = pending.take() else {
                         return Poll::Pending;
                     };
-                    let Some(held) = pending.held.take() else {
+                    let Some(next) = decided(result, pending) else {
                         return Poll::Pending;
                     };
-                    let verdict = pending.shared.on_decision(
-                        held.checked(),
-                        &pending.head.headers,
-                        result,
-                        Outcome::Allowed,
-                    );
-                    next_state(verdict, pending)
+                    next
                 }
                 StateProj::Calling { fut, headers } => {
                     let mut response = ready!(fut.poll(cx))?;
@@ -704,18 +802,29 @@ where
                     return Poll::Ready(Ok(response.map(M::inner)));
                 }
                 StateProj::Answer { response, headers } => {
-                    let Some(mut response) = response.take() else {
+                    let Some(response) = response.take() else {
                         return Poll::Pending;
                     };
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    return Poll::Ready(Ok(response.map(M::written)));
+                    return Poll::Ready(Ok(answered::<M, ResBody>(response, headers.take())));
                 }
             };
             state.set(next);
         }
     }
+}
+
+/// A response the layer wrote, with its headers. (Out of line: the
+/// response future's common path, a request let through, stays compact in
+/// the instruction cache.)
+#[inline(never)]
+fn answered<M: BodyMode<R>, R>(
+    mut response: Response<Bytes>,
+    headers: Option<RateHeaders>,
+) -> Response<M::Body> {
+    if let Some(headers) = headers {
+        headers.apply(response.headers_mut());
+    }
+    response.map(M::written)
 }
 
 /// The requests left in a decision's constraining window (for its log).
