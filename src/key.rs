@@ -57,6 +57,7 @@ fn encoded_len(bytes: &[u8]) -> usize {
 /// Appends the encoding of `bytes` to `out` (see the module docs). The
 /// writers used here (a `String`, or an `ArrayString` sized for the
 /// longest key) cannot fail.
+#[inline]
 pub(crate) fn push_encoded(out: &mut impl Write, bytes: &[u8]) {
     // The common case (an IP address, an API key): nothing to escape.
     if bytes.len() <= MAX_ENCODED && bytes.iter().all(|&b| unreserved(b)) {
@@ -65,6 +66,13 @@ pub(crate) fn push_encoded(out: &mut impl Write, bytes: &[u8]) {
             return;
         }
     }
+    push_escaped(out, bytes);
+}
+
+/// [`push_encoded`] for bytes that need escaping or hashing. (Out of line:
+/// the common case stays compact in the instruction cache.)
+#[inline(never)]
+fn push_escaped(out: &mut impl Write, bytes: &[u8]) {
     if encoded_len(bytes) > MAX_ENCODED {
         let digest = Sha256::digest(bytes);
         let _ = out.write_char('#');

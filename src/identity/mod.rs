@@ -255,6 +255,14 @@ impl ClientIp {
         {
             return Some(info.0);
         }
+        Self::peer_elsewhere(head)
+    }
+
+    /// [`peer`](Self::peer) from what other servers (and axum's tests)
+    /// record. (Out of line: axum's `ConnectInfo`, the common case, stays
+    /// compact in the instruction cache.)
+    #[inline(never)]
+    fn peer_elsewhere(head: &Parts) -> Option<SocketAddr> {
         #[cfg(feature = "axum")]
         if let Some(mock) = head
             .extensions

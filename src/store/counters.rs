@@ -314,7 +314,10 @@ pub(crate) fn token_bucket(
     }
 }
 
-/// [`token_bucket`] for any number of windows.
+/// [`token_bucket`] for any number of windows. (Out of line: the
+/// one-window path stays compact in the instruction cache, and this one
+/// in its own lines.)
+#[inline(never)]
 fn token_bucket_many(
     state: &mut impl Slots,
     windows: &[Window],

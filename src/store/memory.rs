@@ -325,11 +325,24 @@ impl State {
             }
             // A state of another shape (rules cannot make one: zones share
             // an algorithm); start afresh rather than misread it.
-            (algorithm, state) => {
-                *state = State::new(algorithm);
-                state.run(algorithm, windows, cost, now, record)
-            }
+            (algorithm, state) => state.restart(algorithm, windows, cost, now, record),
         }
+    }
+
+    /// [`run`](Self::run) on a fresh state of `algorithm`'s shape. (Out of
+    /// line: rules never get here.)
+    #[cold]
+    #[inline(never)]
+    fn restart(
+        &mut self,
+        algorithm: Algorithm,
+        windows: &[crate::rules::Window],
+        cost: u32,
+        now: u64,
+        record: bool,
+    ) -> (Decision, u64) {
+        *self = State::new(algorithm);
+        self.run(algorithm, windows, cost, now, record)
     }
 }
 
