@@ -10,6 +10,8 @@
 #   bash benches/instructions/server.sh                  # the memory scenarios
 #   SCENARIOS="governor-header memory-header-gcra" REQUESTS=5000 bash benches/instructions/server.sh
 #   EXE=/path/to/another/load-binary bash benches/instructions/server.sh   # another build's
+#   LAYOUT='tower_ratelimit|MapFuture' bash benches/instructions/server.sh   # and how each
+#     matching function's hot code fills its lines (layout.py)
 #
 # Needs valgrind and python3.
 set -euo pipefail
@@ -25,4 +27,7 @@ source "$here/serve_callgrind.sh"
 for scenario in $SCENARIOS; do
   serve_callgrind "$exe" "$scenario" "$work/$scenario.out" "$REQUESTS"
   python3 "$here/hot_lines.py" "$scenario" "$REQUESTS" "$work/$scenario.out".*
+  if [ -n "${LAYOUT:-}" ]; then
+    (cd "$here" && python3 layout.py "$exe" "$REQUESTS" "$LAYOUT" "$work/$scenario.out".*)
+  fi
 done
