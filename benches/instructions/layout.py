@@ -12,12 +12,16 @@ two requests:
   lines' worth of bytes: code a request skips but the instruction cache
   still holds beside the code it runs.
 
+Each instance of a generic function (one per type it is made for) is a
+row of its own: they share a name, not their code.
+
 A function with much rare code between its hot blocks is one whose rare
 branches could go out of line (round 23 in benches/HISTORY.md).
 
     python3 layout.py EXE REQUESTS PATTERN FILE...
 
 server.sh runs it for each scenario when LAYOUT=PATTERN is set."""
+import bisect
 import re
 import subprocess
 import sys
@@ -41,24 +45,36 @@ def instructions(exe, lo, hi):
     return inside, after
 
 
+def symbol_starts(exe):
+    """The sorted start addresses of the binary's code symbols: one
+    function's instances (its monomorphizations) share a name, and are
+    told apart by where they start."""
+    text = subprocess.run(["nm", "--defined-only", exe],
+                          capture_output=True, text=True, check=True).stdout
+    return sorted({int(f[0], 16) for f in (line.split() for line in text.splitlines())
+                   if len(f) >= 3 and f[1] in "tTwW"})
+
+
 def main():
     exe, requests, pattern = sys.argv[1], int(sys.argv[2]), re.compile(sys.argv[3])
+    starts = symbol_starts(exe)
     runs = defaultdict(int)
     by_function = defaultdict(list)
     for (fn, addr), events in own_events(sys.argv[4:]).items():
         if fn and events:
             runs[addr] += events[0]
             if pattern.search(fn):
-                by_function[fn].append(addr)
+                instance = starts[max(bisect.bisect_right(starts, addr) - 1, 0)]
+                by_function[(fn, instance)].append(addr)
     rows = []
-    for fn, addrs in by_function.items():
+    for (fn, _), addrs in by_function.items():
         hot = sorted(a for a in addrs if runs[a] >= requests / 2)
         if not hot:
             continue
-        starts, after = instructions(exe, hot[0], hot[-1])
-        ends = starts[1:] + [after]
+        inside, after = instructions(exe, hot[0], hot[-1])
+        ends = inside[1:] + [after]
         hot_bytes = rare_bytes = 0
-        for start, end in zip(starts, ends):
+        for start, end in zip(inside, ends):
             if runs.get(start, 0) >= requests / 2:
                 hot_bytes += end - start
             else:
@@ -66,7 +82,7 @@ def main():
         lines = {a // LINE for a in hot}
         rows.append((len(lines), hot_bytes / LINE, rare_bytes / LINE, fn))
     rows.sort(reverse=True)
-    print(f"{'hot lines':>9} {'hot code':>9} {'rare code between':>18}  function")
+    print(f"{'hot lines':>9} {'hot code':>9} {'rare code between':>18}  function (each instance)")
     for lines, hot, rare, fn in rows:
         print(f"{lines:9d} {hot:9.1f} {rare:18.1f}  {fn[:110]}")
     print(f"{sum(r[0] for r in rows):9d} {sum(r[1] for r in rows):9.1f} "
