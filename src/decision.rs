@@ -200,7 +200,6 @@ impl RateHeaders {
         });
         let ietf = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
-                crate::cold_path();
                 ietf_headers(decision, policy, p, reset)
             }
             _ => None,

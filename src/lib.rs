@@ -75,8 +75,8 @@ pub mod store;
 /// Marks the path that calls it as rare: the compiler then lays that
 /// path's code out after the common path's, which stays compact in the
 /// instruction cache (round 23 in `benches/HISTORY.md`).
-/// `std::hint::cold_path` does the same from Rust 1.95; the crate builds on
-/// 1.88. (`black_box` keeps the call, and with it the hint, from being
+/// `std::hint::cold_path` does the same in recent Rust (1.95 has it); the
+/// crate builds on 1.88. (`black_box` keeps the call, and with it the hint, from being
 /// optimized away.)
 #[cold]
 #[inline(never)]

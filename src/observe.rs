@@ -92,12 +92,17 @@ pub(crate) fn outcome(
         };
         metrics::with_recorder(|r| r.register_counter(key, &keys::METADATA).increment(1));
     }
-    // (One look at the most verbose level any subscriber wants: below
-    // `info`, as without a subscriber, none of the events can be on, and
-    // the request's path stays short.)
+    // (One look at the most verbose level any subscriber wants: below the
+    // outcome's own level (`info` for a shadow-mode denial, `debug` for
+    // the others), as without a subscriber or under the usual `info` one,
+    // none of its events can be on, and the request's path stays short.)
     use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
-    if tracing::Level::INFO <= STATIC_MAX_LEVEL && tracing::Level::INFO <= LevelFilter::current() {
-        crate::cold_path();
+    use tracing::Level;
+    let level = match outcome {
+        Outcome::ShadowDenied => Level::INFO,
+        _ => Level::DEBUG,
+    };
+    if level <= STATIC_MAX_LEVEL && level <= LevelFilter::current() {
         log_outcome(route, budget, outcome, remaining());
     }
 }

@@ -158,9 +158,11 @@ where
     St: Store,
     I: Identify,
 {
-    /// A request no rule matches: straight to the inner service. (Out of
-    /// line, like [`not_passed`](Self::not_passed): each path has its own
-    /// copy of the inner service's call, compact in the instruction cache.)
+    /// A request no route applies to (none matches, the path or method is
+    /// excluded, or the table is empty): straight to the inner service.
+    /// (Out of line, like [`not_passed`](Self::not_passed): each path has
+    /// its own copy of the inner service's call, compact in the
+    /// instruction cache.)
     #[inline(never)]
     fn unmatched<ReqBody>(
         &mut self,
@@ -194,7 +196,9 @@ where
 
     /// A request answered without the inner service, or held for an
     /// asynchronous store. (Out of line: the path of a request let through
-    /// at once stays compact in the instruction cache.)
+    /// at once stays compact in the instruction cache. `call` sends the
+    /// requests it lets through straight to the inner service; the `Pass`
+    /// arm here only keeps the match whole.)
     #[inline(never)]
     fn not_passed<ReqBody>(
         &mut self,
@@ -343,13 +347,7 @@ impl<St: Store, I> Shared<St, I> {
             return Verdict::Pass(None);
         };
         let options = &self.options;
-        let cost = match &options.cost {
-            None => 1,
-            Some(f) => {
-                crate::cold_path();
-                f(head)
-            }
-        };
+        let cost = options.cost.as_ref().map_or(1, |f| f(head));
         let mut key = key::KeyBuf::new();
         let budget = key.write(&policy.budget, identity.user());
         let mut checked = Checked {
@@ -499,7 +497,6 @@ impl<St: Store, I> Shared<St, I> {
                 // (The fail mode, in the options at hand, tells whether
                 // there is a fallback before the run state is read.)
                 if via == Outcome::Allowed && options.fail_mode == FailMode::Fallback {
-                    crate::cold_path();
                     if let Some(fallback) = &self.state.fallback {
                         fallback.recovered();
                     }
