@@ -584,19 +584,12 @@ impl Rules {
         group: &str,
         method: &Method,
     ) -> Option<&CompiledRule> {
-        let pick = |i: usize| {
-            self.inner.routes.get(i).and_then(|route| {
-                route.rules.iter().find(|r| {
-                    r.group.is(group) && r.method.as_ref().is_none_or(|m| applies(m, method))
-                })
-            })
-        };
         match candidates {
             Candidates::Mask(mask) => {
                 let mut rest = *mask;
                 while rest != 0 {
                     let i = rest.trailing_zeros() as usize;
-                    if let Some(rule) = pick(i) {
+                    if let Some(rule) = self.rule_for(i, group, method) {
                         return Some(rule);
                     }
                     rest &= rest - 1;
@@ -611,13 +604,19 @@ impl Rules {
     /// the common table's path stays compact in the instruction cache.)
     #[inline(never)]
     fn select_many(&self, list: &[u32], group: &str, method: &Method) -> Option<&CompiledRule> {
-        list.iter().find_map(|&i| {
-            self.inner.routes.get(i as usize).and_then(|route| {
-                route.rules.iter().find(|r| {
-                    r.group.is(group) && r.method.as_ref().is_none_or(|m| applies(m, method))
-                })
-            })
-        })
+        list.iter()
+            .find_map(|&i| self.rule_for(i as usize, group, method))
+    }
+
+    /// Route `i`'s rule for `group` and `method`, if it has one.
+    #[inline]
+    fn rule_for(&self, i: usize, group: &str, method: &Method) -> Option<&CompiledRule> {
+        self.inner
+            .routes
+            .get(i)?
+            .rules
+            .iter()
+            .find(|r| r.group.is(group) && r.method.as_ref().is_none_or(|m| applies(m, method)))
     }
 }
 

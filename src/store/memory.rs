@@ -325,24 +325,19 @@ impl State {
             }
             // A state of another shape (rules cannot make one: zones share
             // an algorithm); start afresh rather than misread it.
-            (algorithm, state) => state.restart(algorithm, windows, cost, now, record),
+            (algorithm, state) => {
+                state.reset(algorithm);
+                state.run(algorithm, windows, cost, now, record)
+            }
         }
     }
 
-    /// [`run`](Self::run) on a fresh state of `algorithm`'s shape. (Out of
-    /// line: rules never get here.)
+    /// A fresh state of `algorithm`'s shape. (Out of line: rules never get
+    /// here.)
     #[cold]
     #[inline(never)]
-    fn restart(
-        &mut self,
-        algorithm: Algorithm,
-        windows: &[crate::rules::Window],
-        cost: u32,
-        now: u64,
-        record: bool,
-    ) -> (Decision, u64) {
+    fn reset(&mut self, algorithm: Algorithm) {
         *self = State::new(algorithm);
-        self.run(algorithm, windows, cost, now, record)
     }
 }
 
