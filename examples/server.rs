@@ -18,6 +18,7 @@
 //! header, the user is the client IP, in group `default`.
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,10 +100,17 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // Logs go to stderr, in colour only on a terminal. By default redis-rs
+    // says only its errors: its Cluster client warns once per node on
+    // every reconnect attempt while a Cluster is down, where the store
+    // warns once, then at most once a second (RUST_LOG overrides).
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,redis=error".into()),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     // (Checked first: the error names the flag.)
@@ -121,6 +129,20 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let config = Config::from_toml(&text)?;
+    // (Valid, but most likely not what was meant.)
+    if config.rules().is_empty() {
+        tracing::warn!("the configuration has no routes: no request is limited");
+    }
+    // (By group and count: the keys are secrets, not for the logs.)
+    let mut unruled = BTreeMap::<&str, usize>::new();
+    for (_, group) in config.groups_without_rules() {
+        *unruled.entry(group).or_default() += 1;
+    }
+    for (group, keys) in unruled {
+        tracing::warn!(
+            "no rule names group `{group}`, which [groups] gives {keys} key(s): their users are never limited"
+        );
+    }
     let timeout = Duration::from_millis(args.timeout_ms);
     let mode = match args.fail_mode {
         Mode::Open => FailMode::Open,
@@ -170,7 +192,9 @@ async fn serve<St: Store>(
     let app = Router::new()
         .fallback(|uri: http::Uri| async move { format!("ok {}\n", uri.path()) })
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(
         listener,

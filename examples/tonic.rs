@@ -5,15 +5,20 @@
 //!
 //! ```sh
 //! cargo run --example tonic            # listens on 127.0.0.1:50051
+//! cargo run --example tonic -- client  # (another terminal) three checks in a row:
+//!                                      # Serving, Serving, then ResourceExhausted
 //! ```
 //!
-//! `tests/grpc.rs` drives this very server with a real tonic client.
+//! `tests/grpc.rs` drives this very server with a real tonic client, and
+//! this client too.
 
 use std::net::SocketAddr;
 
 use http::request::Parts;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 use tower_ratelimit::identity::{ClientIp, Identity, IdentityError};
 use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
 
@@ -48,10 +53,51 @@ pub async fn serve(listener: TcpListener) -> Result<(), Box<dyn std::error::Erro
     Ok(())
 }
 
+/// Calls the health service at `addr` `times` times in a row, as one
+/// client (no API key: limited by its IP), and returns each answer as a
+/// line: the serving status, or the code of a refusal with its message
+/// and its `retry-after`.
+pub async fn call(
+    addr: SocketAddr,
+    times: usize,
+) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let mut client = HealthClient::new(channel);
+    let mut answers = Vec::with_capacity(times);
+    for _ in 0..times {
+        let request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        answers.push(match client.check(request).await {
+            Ok(reply) => format!("{:?}", reply.into_inner().status()),
+            Err(status) => format!(
+                "{:?}: {} (retry-after: {})",
+                status.code(),
+                status.message(),
+                status
+                    .metadata()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+            ),
+        });
+    }
+    Ok(answers)
+}
+
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 50051))).await?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], 50051));
+    if std::env::args().nth(1).as_deref() == Some("client") {
+        for answer in call(addr, 3).await? {
+            println!("{answer}");
+        }
+        return Ok(());
+    }
+    let listener = TcpListener::bind(addr).await?;
     println!("gRPC health service on {}", listener.local_addr()?);
     serve(listener).await?;
     Ok(())

@@ -17,8 +17,8 @@ pub(crate) struct Location {
 pub enum ConfigErrorKind {
     /// A route's path pattern is not a valid regular expression.
     InvalidRegex(regex::Error),
-    /// A limit is zero or negative; a rule without limits is written by
-    /// leaving every window out.
+    /// A limit is zero, negative or above `u32::MAX`; a rule without
+    /// limits is written by leaving every window out.
     InvalidLimit(i64),
     /// A window's duration is zero, negative or too long.
     InvalidDuration,
@@ -127,7 +127,11 @@ impl fmt::Display for ConfigError {
         match &self.kind {
             ConfigErrorKind::InvalidRegex(e) => write!(f, "invalid regular expression: {e}"),
             ConfigErrorKind::InvalidLimit(n) => {
-                write!(f, "limit must be a whole number of at least 1, got {n}")
+                write!(
+                    f,
+                    "limit must be a whole number from 1 to {}, got {n}",
+                    u32::MAX
+                )
             }
             ConfigErrorKind::InvalidDuration => {
                 f.write_str("duration must be between 1 millisecond and 10 years")

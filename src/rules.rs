@@ -30,7 +30,7 @@
 //! rules = [{ group = "default", second = 1 }, { group = "admin" }]
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -1075,6 +1075,8 @@ fn compile_rule(
 #[derive(Clone, Debug)]
 pub struct Config {
     groups: BTreeMap<String, String>,
+    /// The groups some rule names (`default` for a rule without `group`).
+    named: BTreeSet<String>,
     rules: Rules,
 }
 
@@ -1095,7 +1097,14 @@ impl Config {
                 builder = builder.exclude_method(method);
             }
         }
+        let mut named = BTreeSet::new();
         for route in raw.routes {
+            named.extend(
+                route
+                    .rules
+                    .iter()
+                    .map(|r| r.group.clone().unwrap_or_else(|| DEFAULT_GROUP.to_owned())),
+            );
             let mut r = Route::new(route.path)
                 .rules(route.rules.into_iter().map(RawRule::into_rule))
                 .shadow(route.shadow);
@@ -1106,8 +1115,33 @@ impl Config {
         }
         Ok(Self {
             groups: raw.groups,
+            named,
             rules: builder.build()?,
         })
+    }
+
+    /// The `[groups]` entries (key, group) whose group no rule of any route
+    /// names. Their users are never limited: what a group left out on
+    /// purpose means, and what a misspelt one does too, so a server had
+    /// better say so at start-up (the example server warns about each).
+    ///
+    /// ```
+    /// let config = tower_ratelimit::Config::from_toml(r#"
+    ///     [groups]
+    ///     "k1" = "admn"                    # a typo: `admin` was meant
+    ///     "k2" = "admin"
+    ///     [[routes]]
+    ///     path = "^/"
+    ///     rules = [{ second = 5 }, { group = "admin" }]
+    /// "#)?;
+    /// assert_eq!(config.groups_without_rules().collect::<Vec<_>>(), [("k1", "admn")]);
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn groups_without_rules(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.groups
+            .iter()
+            .filter(|(_, group)| !self.named.contains(group.as_str()))
+            .map(|(key, group)| (key.as_str(), group.as_str()))
     }
 
     /// The `[groups]` table: API key to group name. The crate itself does

@@ -117,6 +117,12 @@ fn limits_beyond_u32_are_rejected() {
         err.kind(),
         ConfigErrorKind::InvalidLimit(5_000_000_000)
     ));
+    // (The message gives the range, not only the lower bound.)
+    assert!(
+        err.to_string()
+            .ends_with("limit must be a whole number from 1 to 4294967295, got 5000000000"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -104,3 +104,18 @@ async fn the_default_identity_reads_the_peer_a_tonic_server_records() {
     assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
     server.abort();
 }
+
+#[tokio::test]
+async fn the_examples_client_sees_the_third_call_refused() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(example::serve(listener));
+    let answers = example::call(addr, 3).await.unwrap();
+    server.abort();
+    assert_eq!(answers[..2], ["Serving", "Serving"], "{answers:?}");
+    // (2 a second: the third waits for the first to leave the window.)
+    assert!(
+        answers[2].starts_with("ResourceExhausted: ") && answers[2].ends_with("(retry-after: 1)"),
+        "{answers:?}"
+    );
+}
