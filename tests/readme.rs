@@ -7,43 +7,34 @@ use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_ratelimit::{ConfigError, RateLimitLayer, Rules};
 
-/// The README's ```rust blocks, in order.
-fn readme_snippets() -> Vec<String> {
-    let readme = include_str!("../README.md");
-    let mut snippets = Vec::new();
+/// The blocks of `text` between a line `open` and the next line `close`
+/// (both trimmed), each less `indent` at the start of its lines.
+fn blocks(text: &str, open: &str, close: &str, indent: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
     let mut current: Option<Vec<&str>> = None;
-    for line in readme.lines() {
-        match (&mut current, line.trim_start()) {
-            (None, "```rust") => current = Some(Vec::new()),
-            (Some(lines), "```") => {
-                snippets.push(lines.join("\n"));
+    for line in text.lines() {
+        match (&mut current, line.trim()) {
+            (None, l) if l == open => current = Some(Vec::new()),
+            (Some(lines), l) if l == close => {
+                blocks.push(lines.join("\n"));
                 current = None;
             }
-            (Some(lines), _) => lines.push(line),
+            (Some(lines), _) => lines.push(line.strip_prefix(indent).unwrap_or(line)),
             (None, _) => {}
         }
     }
-    snippets
+    blocks
+}
+
+/// The README's ```rust blocks, in order.
+fn readme_snippets() -> Vec<String> {
+    blocks(include_str!("../README.md"), "```rust", "```", "")
 }
 
 /// This file's copies of them, in order: the lines between each
 /// `// README` marker and the next `// end`, less the copy's indentation.
 fn copies() -> Vec<String> {
-    let source = include_str!("readme.rs");
-    let mut copies = Vec::new();
-    let mut current: Option<Vec<&str>> = None;
-    for line in source.lines() {
-        match (&mut current, line.trim()) {
-            (None, "// README") => current = Some(Vec::new()),
-            (Some(lines), "// end") => {
-                copies.push(lines.join("\n"));
-                current = None;
-            }
-            (Some(lines), _) => lines.push(line.strip_prefix("    ").unwrap_or(line)),
-            (None, _) => {}
-        }
-    }
-    copies
+    blocks(include_str!("readme.rs"), "// README", "// end", "    ")
 }
 
 #[test]
