@@ -1,12 +1,16 @@
 //! A gRPC (tonic) server behind the layer: the standard health service,
 //! limited to 2 checks per second per client. A denied call gets the gRPC
 //! answer `RESOURCE_EXHAUSTED`, with the wait in `retry-after` (seconds)
-//! and `grpc-retry-pushback-ms` metadata.
+//! and `grpc-retry-pushback-ms` metadata. The server also answers gRPC
+//! server reflection (v1 and v1alpha), which no rule names, so generic
+//! clients such as `grpcurl` find the service without a `.proto` file.
 //!
 //! ```sh
 //! cargo run --example tonic            # listens on 127.0.0.1:50051
 //! cargo run --example tonic -- client  # (another terminal) three checks in a row:
 //!                                      # Serving, Serving, then ResourceExhausted
+//! # or, with grpcurl:
+//! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check
 //! ```
 //!
 //! `tests/grpc.rs` drives this very server with a real tonic client, and
@@ -45,9 +49,17 @@ pub async fn serve(listener: TcpListener) -> Result<(), Box<dyn std::error::Erro
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    // Reflection describes the health service (and itself); its path,
+    // /grpc.reflection.v1.ServerReflection/..., matches no rule.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
     tonic::transport::Server::builder()
         .layer(layer)
         .add_service(health)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
         .serve_with_incoming(TcpIncoming::from(listener))
         .await?;
     Ok(())

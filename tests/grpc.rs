@@ -119,3 +119,52 @@ async fn the_examples_client_sees_the_third_call_refused() {
         "{answers:?}"
     );
 }
+
+/// The example answers gRPC server reflection, so a generic client (grpcurl)
+/// finds the health service without its `.proto` file; no rule names the
+/// reflection service, so its calls are never limited and never spend a
+/// caller's health-check budget.
+#[tokio::test]
+async fn the_example_answers_reflection_unlimited() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(example::serve(listener));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut reflection = ServerReflectionClient::new(channel.clone());
+    // Three calls, more than the health service's 2 a second.
+    for _ in 0..3 {
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let reply = reflection
+            .server_reflection_info(futures_util::stream::iter([request]))
+            .await
+            .unwrap();
+        assert!(reply.metadata().get("x-ratelimit-limit").is_none());
+        let mut answers = reply.into_inner();
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+            panic!("{answer:?}");
+        };
+        let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+        assert!(names.contains(&"grpc.health.v1.Health"), "{names:?}");
+    }
+    // The same client's health checks still have their whole budget.
+    let mut health = HealthClient::new(channel);
+    for _ in 0..2 {
+        assert!(health.check(health_check()).await.is_ok());
+    }
+    let denied = health.check(health_check()).await.unwrap_err();
+    assert_eq!(denied.code(), Code::ResourceExhausted);
+    server.abort();
+}
