@@ -5,6 +5,7 @@
 //! SOAK=300 cargo bench --bench load    # the soak instead (RELIABILITY.md)
 //! BASE_EXE=old-load-binary ONLY=memory-header cargo bench --bench load   # A/B two builds
 //! TOGETHER=1 RESTART=3 ONLY=memory-header,governor-header PASSES=30 cargo bench --bench load
+//! USERS=10000 cargo bench --bench load  # the header-keyed scenarios over 10,000 users
 //! ```
 //!
 //! Every server process is restarted every RESTART passes (0: never), so
@@ -23,7 +24,7 @@
 //! Scenarios: bare axum; tower_governor (per peer IP, with its headers),
 //! allowed and denied; this crate on the memory store (per peer IP),
 //! allowed (sliding log, token bucket) and denied; this crate on Redis, one
-//! per algorithm (3 windows, 1,000 users by header); and the ceiling: a
+//! per algorithm (3 windows, 1,000 users by header, `USERS`); and the ceiling: a
 //! hand-written axum middleware doing one EVALSHA of the same sliding-log
 //! script per request over one multiplexed connection. With a Python that
 //! has `benches/peers/requirements.txt` installed (`PYTHON`, else
@@ -39,6 +40,7 @@ use support::redis_server;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,7 +83,17 @@ const SCENARIOS: &[&str] = &[
 /// Scenarios served by `benches/peers/asgi_peers.py` under uvicorn.
 const PYTHON_SCENARIOS: &[&str] = &["asgi-ratelimit", "async-ratelimit"];
 
-const USERS: usize = 1000;
+/// How many users the load generator spreads its requests over (the
+/// `x-user` header): `USERS` in the environment, else 1,000. The full run
+/// also loads the header-keyed memory pairs over [`MANY_USERS`].
+static USERS: AtomicUsize = AtomicUsize::new(1000);
+
+/// The issue's "header key over 10k clients".
+const MANY_USERS: usize = 10_000;
+
+fn users() -> usize {
+    USERS.load(Ordering::Relaxed)
+}
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -170,7 +182,7 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             app.layer(GovernorLayer::new(Arc::new(builder.finish().unwrap())))
         }
         "governor-header" => {
-            // Keyed by the x-user header (1,000 users), the quota of
+            // Keyed by the x-user header (USERS users), the quota of
             // governor-allowed.
             use tower_governor::governor::GovernorConfigBuilder;
             use tower_governor::GovernorLayer;
@@ -410,9 +422,10 @@ impl Conn {
     async fn open(port: u16, c: usize, connections: usize) -> Option<Conn> {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
         stream.set_nodelay(true).ok()?;
-        let requests = (1..=USERS.div_ceil(connections))
+        let users = users();
+        let requests = (1..=users.div_ceil(connections))
             .map(|k| {
-                let user = (c + k * connections) % USERS;
+                let user = (c + k * connections) % users;
                 format!("GET /api HTTP/1.1\r\nhost: localhost\r\nx-user: u{user}\r\n\r\n")
                     .into_bytes()
             })
@@ -938,6 +951,7 @@ fn main() {
     // within seconds, so a ratio is only trustworthy between runs taken
     // a second apart, and its median over many passes.
     let passes = env("PASSES", 40) as usize;
+    USERS.store(env("USERS", 1000).max(1) as usize, Ordering::Relaxed);
     let seconds: f64 = std::env::var("SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -1253,6 +1267,27 @@ fn main() {
             "| {ours} / {theirs}, loaded together | {:.2} | {:.2}–{:.2} | {} of {together_passes} | {target} |\n",
             t.median, t.low, t.high, t.above
         ));
+    }
+    // The header-keyed pairs again over the issue's 10,000 clients (each
+    // user's sliding log then holds a tenth of the entries; governor's map
+    // ten times the keys).
+    let default_users = users();
+    if default_users != MANY_USERS {
+        USERS.store(MANY_USERS, Ordering::Relaxed);
+        for (ours, theirs, target) in targets_pairs {
+            let (Some(a), Some(b)) = (run(ours), run(theirs)) else {
+                continue;
+            };
+            if together_passes == 0 || *theirs != "governor-header" {
+                continue;
+            }
+            let t = measure_together(a, b, together_passes, 3);
+            targets.push_str(&format!(
+                "| {ours} / {theirs}, loaded together, {MANY_USERS} users | {:.2} | {:.2}–{:.2} | {} of {together_passes} | {target} |\n",
+                t.median, t.low, t.high, t.above
+            ));
+        }
+        USERS.store(default_users, Ordering::Relaxed);
     }
     table.push_str(&targets);
     let header = format!(
