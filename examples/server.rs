@@ -18,8 +18,10 @@
 //! header, the user is the client IP, in group `default`.
 
 use std::collections::BTreeMap;
+use std::future::{Future, IntoFuture};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,9 +50,10 @@ path = "^/multiple"
 rules = [{ second = 5, minute = 100, hour = 1000 }]
 "#;
 
+/// The demo server's command line.
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
-struct Args {
+pub struct Args {
     /// A TOML rule table (default: a built-in demo table, printed at start-up).
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
@@ -88,18 +91,9 @@ enum Mode {
     Fallback,
 }
 
+#[allow(dead_code)]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Logs go to stderr, in colour only on a terminal. By default redis-rs
     // says only its errors: its Cluster client warns once per node on
     // every reconnect attempt while a Cluster is down, where the store
@@ -112,7 +106,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let args = Args::parse();
+    let result = match start(Args::parse()).await {
+        Ok((_, server)) => server.await.map_err(Into::into),
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The running server (it ends only on an I/O error).
+pub type Server = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+
+/// Checks the flags and the rule table, connects the store and binds the
+/// listener: the address it listens on, and the server to run.
+/// (`tests/demo_server.rs` drives this very code.)
+pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::error::Error>> {
     // (Checked first: the error names the flag.)
     let proxies = ForwardedIp::new(&args.trusted_proxies).map_err(|e| match e.kind() {
         ConfigErrorKind::InvalidNetwork(net) => {
@@ -177,7 +190,7 @@ async fn serve<St: Store>(
     store: St,
     mode: FailMode,
     proxies: ForwardedIp,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(SocketAddr, Server), Box<dyn std::error::Error>> {
     let groups = Arc::new(config.groups().clone());
     let proxies = Arc::new(if args.rfc7239 {
         proxies.rfc7239()
@@ -195,13 +208,14 @@ async fn serve<St: Store>(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
+    let addr = listener.local_addr()?;
+    println!("listening on http://{addr}");
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .await?;
-    Ok(())
+    .into_future();
+    Ok((addr, Box::pin(server)))
 }
 
 fn identify(

@@ -1,0 +1,369 @@
+//! The demo server (`examples/server.rs`) as a user runs it: its flags
+//! parsed as clap parses them, its config file, a real Redis, a real
+//! Cluster, and real HTTP/1.1 over TCP.
+#![cfg(feature = "redis")]
+
+#[path = "../examples/server.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod example;
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use support::redis_server::{RedisCluster, RedisServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One HTTP response, read whole.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn has_limit_headers(&self) -> bool {
+        self.header("x-ratelimit-limit").is_some()
+    }
+}
+
+/// Sends one request on a connection of its own and reads the answer.
+async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("content-length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut bytes = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut bytes))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let mut parsed = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut parsed);
+    let httparse::Status::Complete(head) = response.parse(&bytes).unwrap() else {
+        panic!("incomplete response: {:?}", String::from_utf8_lossy(&bytes));
+    };
+    Answer {
+        status: response.code.unwrap(),
+        headers: response
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.to_owned(),
+                    String::from_utf8_lossy(h.value).into_owned(),
+                )
+            })
+            .collect(),
+        body: String::from_utf8_lossy(&bytes[head..]).into_owned(),
+    }
+}
+
+async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    send(addr, "GET", path, headers).await
+}
+
+/// The demo server started with `flags` (after the program name), on a
+/// free port; it runs until the test's runtime ends.
+async fn demo(flags: &[&str]) -> SocketAddr {
+    let mut argv = vec!["server", "--listen", "127.0.0.1:0"];
+    argv.extend_from_slice(flags);
+    let args = example::Args::try_parse_from(argv).unwrap();
+    let (addr, server) = example::start(args).await.unwrap();
+    tokio::spawn(server);
+    addr
+}
+
+/// The error the demo server stops with, given `flags`.
+async fn start_error(flags: &[&str]) -> String {
+    let mut argv = vec!["server", "--listen", "127.0.0.1:0"];
+    argv.extend_from_slice(flags);
+    let args = example::Args::try_parse_from(argv).unwrap();
+    match example::start(args).await {
+        Ok(_) => panic!("{flags:?} started"),
+        Err(error) => error.to_string(),
+    }
+}
+
+/// A rule table written to a file of its own; its path.
+fn config_file(text: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "tower-ratelimit-demo-{}-{}.toml",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Per-minute limits, so that no test depends on how fast it runs.
+const MINUTE_TABLE: &str = r#"
+[groups]
+"admin-key" = "admin"
+
+[[routes]]
+path = "^/a"
+rules = [{ minute = 2 }, { group = "admin" }]
+"#;
+
+#[tokio::test]
+async fn the_built_in_table_limits_a_client_and_not_an_admin() {
+    let addr = demo(&[]).await;
+    // /towns: 1 a second per client (here, by its IP).
+    let started = Instant::now();
+    let first = get(addr, "/towns", &[]).await;
+    let second = get(addr, "/towns", &[]).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.body, "ok /towns\n");
+    assert_eq!(first.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("0"));
+    // (The window is a second long: the second request is denied when it
+    // came within it, as it does unless the machine stalled.)
+    if started.elapsed() < Duration::from_millis(900) {
+        assert_eq!(second.status, 429, "{second:?}");
+        let retry: u64 = second.header("retry-after").unwrap().parse().unwrap();
+        assert_eq!(retry, 1);
+    }
+    // The admin key's group has no limits: no headers, never denied.
+    for _ in 0..5 {
+        let admin = get(addr, "/towns", &[("x-api-key", "admin-key")]).await;
+        assert_eq!(admin.status, 200);
+        assert!(!admin.has_limit_headers(), "{admin:?}");
+    }
+    // A path no route names is not touched.
+    let other = get(addr, "/elsewhere", &[]).await;
+    assert_eq!(other.status, 200);
+    assert!(!other.has_limit_headers());
+}
+
+#[tokio::test]
+async fn the_example_config_file_is_what_the_server_runs() {
+    let addr = demo(&["--config", "examples/ratelimit.toml"]).await;
+    // [exclude]: /health is never limited, nor an OPTIONS request.
+    for _ in 0..3 {
+        let health = get(addr, "/health", &[]).await;
+        assert_eq!(health.status, 200);
+        assert!(!health.has_limit_headers());
+        let options = send(addr, "OPTIONS", "/towns", &[("x-api-key", "k")]).await;
+        assert_eq!(options.status, 200);
+        assert!(!options.has_limit_headers());
+    }
+    // /login: 3 POSTs a minute, then 5 minutes out; a GET is not limited.
+    let key = [("x-api-key", "mallory")];
+    for left in ["2", "1", "0"] {
+        let login = send(addr, "POST", "/login", &key).await;
+        assert_eq!(login.status, 200, "{login:?}");
+        assert_eq!(login.header("x-ratelimit-remaining"), Some(left));
+        // headers = "both": the IETF draft's fields too.
+        assert!(login.header("ratelimit-policy").is_some(), "{login:?}");
+    }
+    let blocked = send(addr, "POST", "/login", &key).await;
+    assert_eq!(blocked.status, 429);
+    let retry: u64 = blocked.header("retry-after").unwrap().parse().unwrap();
+    assert!((290..=300).contains(&retry), "{retry}");
+    assert_eq!(get(addr, "/login", &key).await.status, 200);
+    // Another user is not blocked.
+    let other = send(addr, "POST", "/login", &[("x-api-key", "alice")]).await;
+    assert_eq!(other.status, 200);
+    // [groups]: the admin key is unlimited on /towns, a partner has 10.
+    for _ in 0..12 {
+        let admin = get(addr, "/towns", &[("x-api-key", "admin-key")]).await;
+        assert_eq!(admin.status, 200);
+    }
+    let partner = get(addr, "/towns", &[("x-api-key", "partner-key")]).await;
+    assert_eq!(partner.header("x-ratelimit-limit"), Some("10"));
+    // A shadow route reports and never denies.
+    for _ in 0..3 {
+        assert_eq!(get(addr, "/beta", &key).await.status, 200);
+    }
+}
+
+/// Two replicas of the demo server on one Redis: one budget between them.
+#[tokio::test]
+async fn two_replicas_on_one_redis_share_each_budget() {
+    let redis = RedisServer::start();
+    let file = config_file(MINUTE_TABLE);
+    let url = redis.url();
+    let flags = ["--config", file.as_str(), "--redis", url.as_str()];
+    let replicas = [demo(&flags).await, demo(&flags).await];
+    let key = [("x-api-key", "carol")];
+    assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
+    assert_eq!(get(replicas[1], "/a", &key).await.status, 200);
+    for replica in replicas {
+        let denied = get(replica, "/a", &key).await;
+        assert_eq!(denied.status, 429, "{denied:?}");
+        assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    }
+    // The budget is in Redis: a third replica started now sees it spent.
+    let late = demo(&flags).await;
+    assert_eq!(get(late, "/a", &key).await.status, 429);
+    assert_eq!(get(late, "/a", &[("x-api-key", "dave")]).await.status, 200);
+    let _ = std::fs::remove_file(file);
+}
+
+/// The same on a three-master Cluster, through `--redis-cluster`.
+#[tokio::test]
+async fn two_replicas_on_a_cluster_share_each_budget() {
+    let cluster = RedisCluster::start();
+    let file = config_file(MINUTE_TABLE);
+    let urls = cluster.urls().join(",");
+    let flags = ["--config", file.as_str(), "--redis-cluster", urls.as_str()];
+    let replicas = [demo(&flags).await, demo(&flags).await];
+    for user in ["erin", "frank", "grace", "heidi"] {
+        let key = [("x-api-key", user)];
+        assert_eq!(get(replicas[0], "/a", &key).await.status, 200, "{user}");
+        assert_eq!(get(replicas[1], "/a", &key).await.status, 200, "{user}");
+        assert_eq!(get(replicas[0], "/a", &key).await.status, 429, "{user}");
+        assert_eq!(get(replicas[1], "/a", &key).await.status, 429, "{user}");
+    }
+    // The users' budgets are spread over the masters.
+    let used = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.calls("evalsha") > 0)
+        .count();
+    assert!(used >= 2, "{used} of 3 masters ran a check");
+}
+
+/// A Redis that does not answer: each fail mode, within the deadline.
+#[tokio::test]
+async fn the_fail_modes_against_a_redis_that_is_down() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let file = config_file(MINUTE_TABLE);
+    let flags = |mode: &'static str| {
+        [
+            "--config".to_owned(),
+            file.clone(),
+            "--redis".to_owned(),
+            url.clone(),
+            "--fail-mode".to_owned(),
+            mode.to_owned(),
+            "--timeout-ms".to_owned(),
+            "50".to_owned(),
+        ]
+    };
+    let key = [("x-api-key", "ivan")];
+
+    let closed = flags("closed");
+    let closed = demo(&closed.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let started = Instant::now();
+    let refused = get(closed, "/a", &key).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let open = flags("open");
+    let open = demo(&open.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    for _ in 0..3 {
+        let through = get(open, "/a", &key).await;
+        assert_eq!(through.status, 200);
+        assert!(!through.has_limit_headers(), "{through:?}");
+    }
+
+    // In memory until Redis answers: the minute's 2, then denied.
+    let fallback = flags("fallback");
+    let fallback = demo(&fallback.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let statuses = [
+        get(fallback, "/a", &key).await.status,
+        get(fallback, "/a", &key).await.status,
+        get(fallback, "/a", &key).await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    let _ = std::fs::remove_file(file);
+}
+
+/// Behind a trusted proxy, each X-Forwarded-For client has its own budget;
+/// from anyone else the header is ignored.
+#[tokio::test]
+async fn a_trusted_proxy_names_the_client() {
+    let file = config_file(MINUTE_TABLE);
+    let trusting = demo(&["--config", &file, "--trusted-proxy", "127.0.0.1"]).await;
+    for client in ["203.0.113.7", "203.0.113.8"] {
+        let xff = [("x-forwarded-for", client)];
+        assert_eq!(get(trusting, "/a", &xff).await.status, 200);
+        assert_eq!(get(trusting, "/a", &xff).await.status, 200);
+        assert_eq!(get(trusting, "/a", &xff).await.status, 429, "{client}");
+    }
+    // Not trusted: the header is the client's own claim, and every request
+    // here comes from one peer.
+    let plain = demo(&["--config", &file]).await;
+    let statuses = [
+        get(plain, "/a", &[("x-forwarded-for", "198.51.100.1")])
+            .await
+            .status,
+        get(plain, "/a", &[("x-forwarded-for", "198.51.100.2")])
+            .await
+            .status,
+        get(plain, "/a", &[("x-forwarded-for", "198.51.100.3")])
+            .await
+            .status,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn bad_flags_and_files_stop_it_with_a_clear_error() {
+    let error = start_error(&["--trusted-proxy", "10.0.0.0/99"]).await;
+    assert!(error.contains("--trusted-proxy 10.0.0.0/99"), "{error}");
+
+    let error = start_error(&["--config", "/nonexistent/rules.toml"]).await;
+    assert!(
+        error.contains("cannot read /nonexistent/rules.toml"),
+        "{error}"
+    );
+
+    let bad = config_file("[[routes]]\npath = \"^/(a\"\nrules = [{ minute = 2 }]\n");
+    let error = start_error(&["--config", &bad]).await;
+    assert!(error.contains("^/(a"), "{error}");
+    let _ = std::fs::remove_file(bad);
+
+    let unknown = config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minutes = 2 }]\n");
+    let error = start_error(&["--config", &unknown]).await;
+    assert!(error.contains("minutes"), "{error}");
+    let _ = std::fs::remove_file(unknown);
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let args = example::Args::try_parse_from(["server", "--listen", taken.as_str()]).unwrap();
+    let error = example::start(args).await.err().unwrap().to_string();
+    assert!(
+        error.contains(&format!("cannot listen on {taken}")),
+        "{error}"
+    );
+
+    // Flags clap refuses before the server starts.
+    assert!(example::Args::try_parse_from(["server", "--timeout-ms", "0"]).is_err());
+    assert!(example::Args::try_parse_from(["server", "--fail-mode", "sideways"]).is_err());
+    assert!(example::Args::try_parse_from(["server", "--rfc7239"]).is_err());
+    assert!(example::Args::try_parse_from([
+        "server",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--redis-cluster",
+        "redis://127.0.0.1:2"
+    ])
+    .is_err());
+}
