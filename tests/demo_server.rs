@@ -139,6 +139,18 @@ async fn the_built_in_table_limits_a_client_and_not_an_admin() {
         assert_eq!(second.status, 429, "{second:?}");
         let retry: u64 = second.header("retry-after").unwrap().parse().unwrap();
         assert_eq!(retry, 1);
+        // As the README's first screen shows it.
+        assert_eq!(
+            second.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert!(
+            second
+                .body
+                .contains(r#""title":"Too Many Requests","status":429"#),
+            "{}",
+            second.body
+        );
     }
     // The admin key's group has no limits: no headers, never denied.
     for _ in 0..5 {
