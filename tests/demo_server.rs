@@ -253,16 +253,13 @@ async fn two_replicas_on_a_cluster_share_each_budget() {
     assert!(used >= 2, "{used} of 3 masters ran a check");
 }
 
-/// A Redis that does not answer: each fail mode, within the deadline.
+/// A Redis that never answers: each fail mode, well within a second.
 #[tokio::test]
 async fn the_fail_modes_against_a_redis_that_is_down() {
-    // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("redis://127.0.0.1:{port}");
+    // A socket that takes connections into its backlog and never answers
+    // (kept bound, so no other test's server can take its port).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
     let file = config_file(MINUTE_TABLE);
     let flags = |mode: &'static str| {
         [
@@ -284,7 +281,8 @@ async fn the_fail_modes_against_a_redis_that_is_down() {
     let refused = get(closed, "/a", &key).await;
     assert_eq!(refused.status, 503, "{refused:?}");
     assert_eq!(refused.header("retry-after"), Some("1"));
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(1), "{waited:?}");
 
     let open = flags("open");
     let open = demo(&open.iter().map(String::as_str).collect::<Vec<_>>()).await;
