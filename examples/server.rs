@@ -15,7 +15,8 @@
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
-//! header, the user is the client IP, in group `default`.
+//! header, the user is the client IP, in group `default`. Keys are kept
+//! apart from IPs (a key `203.0.113.7` is not that client).
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
@@ -230,7 +231,10 @@ fn identify(
             .and_then(|k| groups.get(k))
             .cloned()
             .unwrap_or_else(|| "default".to_owned());
-        return Ok(Identity::new(key.as_bytes()).with_group(group));
+        // ("key:" keeps keys apart from the other kinds of user: a key
+        // that reads as an IP address cannot spend that client's budget.)
+        let user = [b"key:".as_slice(), key.as_bytes()].concat();
+        return Ok(Identity::new(user).with_group(group));
     }
     let peer = head
         .extensions

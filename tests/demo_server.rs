@@ -316,6 +316,15 @@ async fn a_trusted_proxy_names_the_client() {
         assert_eq!(get(trusting, "/a", &xff).await.status, 200);
         assert_eq!(get(trusting, "/a", &xff).await.status, 429, "{client}");
     }
+    // An API key that reads as a client's address is not that client (nor
+    // a token of `Forwarded`).
+    let client = [("x-forwarded-for", "203.0.113.9")];
+    assert_eq!(get(trusting, "/a", &client).await.status, 200);
+    assert_eq!(get(trusting, "/a", &client).await.status, 200);
+    let posing = [("x-api-key", "203.0.113.9")];
+    assert_eq!(get(trusting, "/a", &posing).await.status, 200);
+    assert_eq!(get(trusting, "/a", &posing).await.status, 200);
+    assert_eq!(get(trusting, "/a", &posing).await.status, 429);
     // Not trusted: the header is the client's own claim, and every request
     // here comes from one peer.
     let plain = demo(&["--config", &file]).await;

@@ -63,7 +63,7 @@ fn quickstart() -> Result<axum::Router, ConfigError> {
             async move {
                 Ok(match key {
                     Some(k) if k == b"admin-key" => Identity::new(k).with_group("admin"),
-                    Some(k) => Identity::new(k),
+                    Some(k) => Identity::new([b"key:".as_slice(), &k].concat()), // a key is never "anonymous"
                     None => Identity::new("anonymous"),
                 })
             }
@@ -123,6 +123,11 @@ async fn the_readme_app_limits_as_the_readme_says() {
     // Another user has a budget of their own; admin has no limits (and no
     // headers).
     assert_eq!(get(&app, "/towns", Some("k")).await.0, StatusCode::OK);
+    // A key that reads "anonymous" is not the anonymous user.
+    assert_eq!(
+        get(&app, "/towns", Some("anonymous")).await.0,
+        StatusCode::OK
+    );
     for _ in 0..5 {
         assert_eq!(
             get(&app, "/towns", Some("admin-key")).await,

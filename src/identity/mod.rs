@@ -31,6 +31,30 @@
 //! arbitrary bytes of any length: the layer encodes them into store keys so
 //! that no identity can reach another user's budget (see
 //! [the crate docs](crate#keys)).
+//!
+//! Users are their bytes and nothing else. An identity function that
+//! returns users of several kinds (an API key when there is one, else the
+//! client's IP) should give each kind a prefix the others cannot have, or
+//! a key that reads `203.0.113.7` is the client at that address and spends
+//! its budget:
+//!
+//! ```
+//! use http::request::Parts;
+//! use tower_ratelimit::identity::{ClientIp, Identity, IdentityError};
+//!
+//! fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
+//!     std::future::ready(match (head.headers.get("x-api-key"), ClientIp::peer(head)) {
+//!         // (No IP's text starts with "key:".)
+//!         (Some(key), _) => Ok(Identity::new([b"key:".as_slice(), key.as_bytes()].concat())),
+//!         (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),
+//!         (None, None) => Err(IdentityError::new("no api key and no peer address")),
+//!     })
+//! }
+//! # let _ = tower_ratelimit::RateLimitLayer::new(
+//! #     tower_ratelimit::Rules::builder().build().unwrap(),
+//! #     tower_ratelimit::MemoryStore::new(),
+//! # ).identify(identify);
+//! ```
 
 use std::borrow::Cow;
 use std::fmt;
