@@ -12,7 +12,7 @@ local function entry(i, base, tail, key)
   if i > base then return (struct.unpack('<d', tail, 8 * (i - base) - 7)) end
   local s = redis.call('GETRANGE', key, string.format('%d', 8 * i - 8),
     string.format('%d', 8 * i - 1))
-  if #s < 8 then error('the sliding log at ' .. key .. ' is not one this script wrote') end
+  if #s < 8 then error('a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)') end
   return (struct.unpack('<d', s))
 end
 
@@ -27,7 +27,7 @@ local function seek(from, bound, size, newest, base, tail, key)
     local chunk = redis.call('GETRANGE', key, string.format('%d', 8 * from - 8),
       string.format('%d', 8 * last - 1))
     if #chunk < 8 * (last - from + 1) then
-      error('the sliding log at ' .. key .. ' is not one this script wrote')
+      error('a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)')
     end
     for j = from, last do
       local e = struct.unpack('<d', chunk, 8 * (j - from) + 1)

@@ -110,7 +110,7 @@ if trailer ~= $TRAILER then
       string.format('%d', 8 * size - 1))
   end
   if #live ~= 8 * (size - start + 1) then
-    error('the sliding log at ' .. key .. ' is not one this script wrote')
+    error('a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)')
   end
   size, start, base, tail = size - start + 1, 1, 0, live
   -- (Its hints: every window starts where the log does, which holds on
@@ -271,7 +271,7 @@ if allowed == 1 and cost > 0 then
     if q <= base then
       local s = redis.call('GETRANGE', key, 8 * q - 8, 8 * size - 1)
       if #s ~= 8 * (size - q + 1) then
-        error('the sliding log at ' .. key .. ' is not one this script wrote')
+        error('a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)')
       end
       for i = 1, #s, 8 do list[#list + 1] = unpack8('<d', s, i) end
     else

@@ -79,3 +79,59 @@ fn decisions_are_logged_at_debug_and_shadow_denials_at_info() {
     assert!(!info.contains("rate limit decision"), "{info}");
     assert_eq!(logged(tracing::Level::WARN, true), "");
 }
+
+/// A store that always fails.
+#[derive(Clone)]
+struct Down;
+
+impl tower_ratelimit::Store for Down {
+    type Future =
+        std::future::Ready<Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>>;
+
+    fn check(&self, _check: tower_ratelimit::Check) -> Self::Future {
+        std::future::ready(Err(tower_ratelimit::StoreError::new(
+            tower_ratelimit::StoreErrorKind::Unavailable,
+            "connection refused",
+        )))
+    }
+}
+
+/// A failing store is reported at `warn` at most once a second (of real
+/// time: the gate reads the monotonic clock, not the layer's injected
+/// one), and never with the user (an API key).
+#[test]
+fn store_failures_warn_once_a_second_without_the_user() {
+    let buffer = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(buffer.clone())
+        .finish();
+    let elapsed = tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        runtime.block_on(async {
+            let app = App::new(one(Rule::new().second(1)), Down);
+            for _ in 0..5 {
+                assert_eq!(app.get("/a", "secret-api-key").await.status, 200);
+            }
+        });
+        // (Five failures within one second of real time, unless the
+        // machine stalled: then a second line is allowed.)
+        started.elapsed()
+    });
+    let bytes = buffer.0.lock().unwrap().clone();
+    let text = String::from_utf8(bytes).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty() && lines.len() <= 2, "{text}");
+    if elapsed < std::time::Duration::from_millis(900) {
+        assert_eq!(lines.len(), 1, "{text}");
+    }
+    assert!(lines[0].contains("rate-limit store failed"), "{text}");
+    assert!(lines[0].contains("connection refused"), "{text}");
+    assert!(lines[0].contains("mode=Open suppressed=0"), "{text}");
+    assert!(!text.contains("secret-api-key"), "{text}");
+}

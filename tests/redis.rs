@@ -1365,7 +1365,8 @@ async fn a_sorted_set_log_keeps_its_entries_after_the_clock_steps_back() {
 
 /// A value this script did not write under a packed log's key is
 /// replaced by a fresh log when its numbers do not fit it, and refused
-/// (an error naming the key: the layer's fail mode) when they fit until a
+/// (an error that leaves out the key, which names the user: the layer's
+/// fail mode) when they fit until a
 /// read falls past its end; never a panic. (A value forged to look like a
 /// log, whose trailer agrees with the bytes the script reads, is trusted,
 /// as anything a writer of the store's keys leaves there: telling it apart
@@ -1417,9 +1418,14 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
         .await
         .unwrap_err();
     assert!(
-        error.to_string().contains("not one this script wrote"),
+        error
+            .to_string()
+            .contains("holds a value this script did not write"),
         "{error}"
     );
+    // (The error is logged at `warn`: it must not carry the key, which
+    // holds the user, such as an API key.)
+    assert!(!error.to_string().contains(&key), "{error}");
     long.truncate(800);
     long.extend_from_slice(&trailer(fingerprint + 2.0));
     set(&long);
