@@ -1463,3 +1463,34 @@ async fn a_packed_log_remembers_the_latest_clock_it_was_checked_on() {
     );
     assert_eq!(at(), start + 19_000_000);
 }
+
+/// A check made by hand with more windows than any rule allows is refused
+/// with an error by both stores, for the user's windows and the route's,
+/// never a panic; the store goes on deciding.
+#[tokio::test]
+async fn checks_beyond_the_window_limit_are_refused_not_panicked_on() {
+    use tower_ratelimit::store::{Check, GlobalCheck, StoreErrorKind};
+    use tower_ratelimit::{MemoryStore, Store, Window};
+    let server = RedisServer::start();
+    let redis = own_store(&server).await;
+    let memory = MemoryStore::new();
+    let windows = |n: u64| -> std::sync::Arc<[Window]> {
+        (1..=n)
+            .map(|s| Window::new(Duration::from_secs(s), 10).unwrap())
+            .collect()
+    };
+    let too_many_own = || Check::new("r0:u", windows(9));
+    let too_many_global =
+        || Check::new("r0:u", windows(1)).with_global(GlobalCheck::new("r0:*", windows(9)));
+    for check in [too_many_own(), too_many_global()] {
+        let error = memory.check(check.clone()).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config, "{error}");
+        assert!(error.to_string().contains("at most 8"), "{error}");
+        let error = redis.check(check).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config, "{error}");
+    }
+    // Eight of each are decided.
+    let most = Check::new("r0:u", windows(8)).with_global(GlobalCheck::new("r0:*", windows(8)));
+    assert!(memory.check(most.clone()).await.unwrap().allowed());
+    assert!(redis.check(most).await.unwrap().allowed());
+}

@@ -535,11 +535,12 @@ impl Store for MemoryStore {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, check: Check) -> Self::Future {
-        ready(Ok(self.decide(&check.as_ref())))
+        let check = check.as_ref();
+        ready(check.supported().map(|()| self.decide(&check)))
     }
 
     fn check_now(&self, check: &CheckRef<'_>) -> Option<Result<Decision, StoreError>> {
-        Some(Ok(self.decide(check)))
+        Some(check.supported().map(|()| self.decide(check)))
     }
 
     fn always_decides_at_once(&self) -> bool {

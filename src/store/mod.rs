@@ -194,6 +194,43 @@ impl Check {
     }
 }
 
+impl CheckRef<'_> {
+    /// `Ok` when the built-in stores can decide this check: at most
+    /// [`MAX_WINDOWS`] windows of the user's and as many route-wide (the
+    /// layer's rules never make more; a check made by hand might).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::rules::Window;
+    /// use tower_ratelimit::store::{Check, StoreErrorKind};
+    ///
+    /// let windows: Vec<_> = (1..=9)
+    ///     .map(|s| Window::new(Duration::from_secs(s), 10).unwrap())
+    ///     .collect();
+    /// let error = Check::new("r1:alice", windows).as_ref().supported().unwrap_err();
+    /// assert_eq!(error.kind(), StoreErrorKind::Config);
+    /// ```
+    pub fn supported(&self) -> Result<(), StoreError> {
+        let global = self.global.map_or(0, |g| g.windows.len());
+        if self.windows.len() <= MAX_WINDOWS && global <= MAX_WINDOWS {
+            return Ok(());
+        }
+        Err(too_many_windows(self.windows.len(), global))
+    }
+}
+
+/// (Out of line: the layer never gets here.)
+#[cold]
+#[inline(never)]
+fn too_many_windows(user: usize, global: usize) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        format!(
+            "a check of {user} windows and {global} route-wide: a store takes at most {MAX_WINDOWS} of each"
+        ),
+    )
+}
+
 /// A [`Check`] borrowed from the layer's rule table: what a store that
 /// decides at once needs, made per request without allocating anything
 /// (the budget key lives on the stack).

@@ -1850,6 +1850,9 @@ impl Store for RedisStore {
     type Future = BoxFuture<Result<Decision, StoreError>>;
 
     fn check(&self, check: Check) -> Self::Future {
+        if let Err(error) = check.as_ref().supported() {
+            return Box::pin(std::future::ready(Err(error)));
+        }
         Box::pin(Self::run(self.inner.clone(), check))
     }
 }
