@@ -1494,3 +1494,43 @@ async fn checks_beyond_the_window_limit_are_refused_not_panicked_on() {
     assert!(memory.check(most.clone()).await.unwrap().allowed());
     assert!(redis.check(most).await.unwrap().allowed());
 }
+
+/// A check's deadline counts from when the store was asked, so a wait in
+/// the batching queue (here: a runtime stalled by other work for 200 ms
+/// while the check is queued) is inside it: the check times out rather
+/// than waiting past its deadline.
+#[test]
+fn a_checks_deadline_includes_its_wait_in_the_queue() {
+    use std::future::Future;
+    use std::task::Poll;
+    use tower_ratelimit::store::{Check, StoreErrorKind};
+    use tower_ratelimit::{Store, Window};
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = RedisStore::builder()
+            .url(server.url())
+            .timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        let windows: std::sync::Arc<[Window]> =
+            [Window::new(Duration::from_secs(60), 100).unwrap()].into();
+        let check = || Check::new("r0:u", windows.clone());
+        assert!(store.check(check()).await.unwrap().allowed());
+        // Queued (one poll), then the runtime's only thread is kept busy
+        // past the deadline before the batching task can send it.
+        let mut asked = std::pin::pin!(store.check(check()));
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(asked.as_mut().poll(cx).is_pending())).await;
+        assert!(first, "answered at once");
+        std::thread::sleep(Duration::from_millis(200));
+        let error = asked.await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+        // The next check, asked now, is decided.
+        assert!(store.check(check()).await.unwrap().allowed());
+    });
+}

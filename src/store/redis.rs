@@ -629,6 +629,9 @@ struct Job {
     /// ([`Scripts::batch_of`]).
     batch: Option<u8>,
     reply: Reply,
+    /// When the check's deadline ends: counted from when it was queued, so
+    /// the wait in the queue is inside it.
+    due: tokio::time::Instant,
 }
 
 /// Where a check's answer goes.
@@ -682,11 +685,24 @@ impl Batcher {
         tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.runtime)
     }
 
-    /// Queues `cmd` and waits for its reply. The batch's deadline bounds
-    /// the wait: a batch always answers every check it holds.
-    async fn invoke(&self, cmd: redis::Cmd, batch: Option<u8>) -> Result<Vec<u8>, StoreError> {
+    /// Queues `cmd` and waits for its reply. The batch's deadline, which
+    /// ends with its earliest check's, bounds the wait: a batch always
+    /// answers every check it holds.
+    async fn invoke(
+        &self,
+        cmd: redis::Cmd,
+        batch: Option<u8>,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        if self.jobs.send(Job { cmd, batch, reply }).is_err() {
+        let due = tokio::time::Instant::now() + deadline;
+        let job = Job {
+            cmd,
+            batch,
+            reply,
+            due,
+        };
+        if self.jobs.send(job).is_err() {
             // (The batching task is gone: its runtime shut down.)
             return Err(not_connected());
         }
@@ -738,7 +754,7 @@ where
     if jobs.len() == 1 {
         // A check alone: sent as the command it is (no pipeline, no lists).
         for job in jobs {
-            let sent = tokio::time::timeout(deadline, run_one(&lazy, &mut conn, &job.cmd)).await;
+            let sent = tokio::time::timeout_at(job.due, run_one(&lazy, &mut conn, &job.cmd)).await;
             let result = match sent {
                 Ok(result) => {
                     lazy.observe(&result);
@@ -753,8 +769,14 @@ where
         }
         return;
     }
+    // (The batch ends when its earliest check's deadline does.)
+    let due = jobs
+        .iter()
+        .map(|job| job.due)
+        .min()
+        .unwrap_or_else(|| tokio::time::Instant::now() + deadline);
     let (pipe, answers) = pipeline(&lazy, jobs);
-    let sent = tokio::time::timeout(deadline, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
+    let sent = tokio::time::timeout_at(due, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
     match sent {
         Ok(Ok((results, health))) => {
             lazy.observe::<()>(&health.map_or(Ok(()), Err));
@@ -1445,7 +1467,7 @@ impl RedisStore {
                 if (batch.is_some() || check.algorithm != Algorithm::SlidingLog)
                     && batcher.here() =>
             {
-                batcher.invoke(cmd, batch).await
+                batcher.invoke(cmd, batch, deadline).await
             }
             // One check at a time: the connection's own response timeout
             // (the store's) bounds the call, no second timer per request.
