@@ -34,7 +34,16 @@ struct Denied {
     decision: Decision,
 }
 
-type Shard = Mutex<HashMap<Box<str>, Denied>>;
+/// A shard's entries, and a time at or before which none of them expires
+/// (exact after a sweep, lowered by each insert), so that a shard full of
+/// live entries turns new ones away without scanning itself each time.
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<Box<str>, Denied>,
+    first_expiry: u64,
+}
+
+type Shard = Mutex<Entries>;
 
 /// Budgets known to be denied, until when.
 #[derive(Debug)]
@@ -48,7 +57,7 @@ pub(crate) struct DenialCache {
 impl DenialCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
             len: AtomicUsize::new(0),
@@ -76,9 +85,9 @@ impl DenialCache {
             .shard(budget)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let hit = shard.get(budget)?;
+        let hit = shard.map.get(budget)?;
         if hit.until <= now {
-            shard.remove(budget);
+            shard.map.remove(budget);
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
@@ -106,11 +115,24 @@ impl DenialCache {
             .shard(budget)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if shard.len() >= self.per_shard && !shard.contains_key(budget) {
-            let before = shard.len();
-            shard.retain(|_, d| d.until > now);
-            self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
-            if shard.len() >= self.per_shard {
+        if shard.map.len() >= self.per_shard && !shard.map.contains_key(budget) {
+            // Full: nothing to drop before the first entry expires.
+            if now < shard.first_expiry {
+                return;
+            }
+            let before = shard.map.len();
+            let mut first = u64::MAX;
+            shard.map.retain(|_, d| {
+                let live = d.until > now;
+                if live {
+                    first = first.min(d.until);
+                }
+                live
+            });
+            shard.first_expiry = first;
+            self.len
+                .fetch_sub(before - shard.map.len(), Ordering::Relaxed);
+            if shard.map.len() >= self.per_shard {
                 return;
             }
         }
@@ -121,7 +143,12 @@ impl DenialCache {
             cost,
             decision: decision.clone(),
         };
-        if shard.insert(budget.into(), entry).is_none() {
+        shard.first_expiry = if shard.map.is_empty() {
+            until
+        } else {
+            shard.first_expiry.min(until)
+        };
+        if shard.map.insert(budget.into(), entry).is_none() {
             self.len.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -174,6 +201,31 @@ mod tests {
         cache.insert("b", 0, 1, 5_000, &denied(10));
         let hit = cache.get("b", 0, 1, 4_000).unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn a_full_shard_makes_room_when_its_first_entry_expires() {
+        let cache = DenialCache::new(SHARDS * 2);
+        let same: Vec<String> = (0..)
+            .map(|i| format!("b{i}"))
+            .filter(|b| std::ptr::eq(cache.shard(b), cache.shard("b0")))
+            .take(4)
+            .collect();
+        let first = |c: &DenialCache| c.shard("b0").lock().unwrap().first_expiry;
+        cache.insert(&same[0], 0, 1, 0, &denied(5));
+        cache.insert(&same[1], 0, 1, 0, &denied(10));
+        assert_eq!(first(&cache), 5_000);
+        // Full of live entries: turned away, the shard left as it was.
+        cache.insert(&same[2], 0, 1, 4_000, &denied(10));
+        assert!(cache.get(&same[2], 0, 1, 4_001).is_none());
+        assert_eq!(cache.len.load(Ordering::Relaxed), 2);
+        // The first entry has expired: it makes room.
+        cache.insert(&same[3], 0, 1, 5_000, &denied(10));
+        assert!(cache.get(&same[3], 0, 1, 5_001).is_some());
+        assert!(cache.get(&same[1], 0, 1, 5_001).is_some());
+        assert!(cache.get(&same[0], 0, 1, 5_001).is_none());
+        assert_eq!(first(&cache), 10_000);
+        assert_eq!(cache.len.load(Ordering::Relaxed), 2);
     }
 
     #[test]
