@@ -349,3 +349,54 @@ fn malformed_toml_is_an_error_not_a_panic() {
         assert!(Config::from_toml(text).is_err(), "{text:?}");
     }
 }
+
+#[test]
+fn route_wide_limits_need_windows_and_no_zones() {
+    let err = error("[[routes]]\npath = \"^/a\"\nglobal = {}\nrules = [{ minute = 5 }]\n");
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::EmptyGlobal),
+        "{err:?}"
+    );
+    assert_eq!(err.route(), Some((0, "^/a")));
+    assert!(
+        err.to_string()
+            .contains("route-wide limit needs at least one window"),
+        "{err}"
+    );
+
+    let err = error(
+        "[[routes]]\npath = \"^/ok\"\n\n[[routes]]\npath = \"^/b\"\nglobal = { second = 20 }\nrules = [{ zone = \"z\", minute = 5 }]\n",
+    );
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::ZoneWithGlobal),
+        "{err:?}"
+    );
+    assert_eq!(err.route(), Some((1, "^/b")));
+    assert!(err.to_string().contains("route #1 `^/b`"), "{err}");
+
+    // The same through the builder.
+    let err = Rules::builder()
+        .add_route(
+            tower_ratelimit::Route::new("^/c")
+                .rules([Rule::new().minute(5).zone("z")])
+                .global(Rule::new().second(20)),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::ZoneWithGlobal),
+        "{err:?}"
+    );
+    let err = Rules::builder()
+        .add_route(
+            tower_ratelimit::Route::new("^/d")
+                .rules([Rule::new().minute(5)])
+                .global(Rule::new()),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::EmptyGlobal),
+        "{err:?}"
+    );
+}

@@ -276,6 +276,69 @@ async fn every_key_has_a_ttl() {
     }
 }
 
+/// The other kinds of key expire too: a block time's marker, a sliding
+/// log kept as a sorted set (more windows than the packed log takes), a
+/// route-wide budget, and every counter algorithm's state beside them.
+#[tokio::test]
+async fn every_kind_of_key_has_a_ttl() {
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = standalone_at(&prefix).await;
+    let six = Rule::new()
+        .second(50)
+        .per(Duration::from_secs(2), 50)
+        .per(Duration::from_secs(3), 50)
+        .per(Duration::from_secs(4), 50)
+        .per(Duration::from_secs(5), 50)
+        .minute(50);
+    let rules = Rules::builder()
+        .route(
+            "^/login",
+            [Rule::new().minute(1).block_time(Duration::from_secs(30))],
+        )
+        .route("^/six", [six])
+        .add_route(
+            tower_ratelimit::Route::new("^/wide")
+                .rules([Rule::new().minute(5)])
+                .global(Rule::new().minute(100)),
+        )
+        .add_route(
+            tower_ratelimit::Route::new("^/bucket")
+                .rules([Rule::new().minute(5).algorithm(Algorithm::TokenBucket)])
+                .global(Rule::new().minute(100)),
+        )
+        .route(
+            "^/fixed",
+            [Rule::new()
+                .minute(1)
+                .block_time(Duration::from_secs(30))
+                .algorithm(Algorithm::FixedWindow)],
+        )
+        .build()
+        .unwrap();
+    let app = App::on_store_clock(rules, store, |l| l);
+    for path in ["/login", "/six", "/wide", "/bucket", "/fixed"] {
+        for _ in 0..3 {
+            app.get(path, "u").await;
+        }
+    }
+    let keys = keys(port, &prefix);
+    // Two block markers, the route-wide budgets (a sorted set, a bucket)
+    // and the users' own (a packed log, a sorted set, a bucket, a counter).
+    let kinds: std::collections::BTreeSet<&str> =
+        keys.iter().map(|k| k.rsplit(':').next().unwrap()).collect();
+    assert_eq!(keys.len(), 9, "{keys:?}");
+    for kind in ["b", "l", "p3", "tb2", "fw2"] {
+        assert!(kinds.contains(kind), "no {kind} key: {keys:?}");
+    }
+    assert_eq!(keys.iter().filter(|k| k.contains(":*:")).count(), 2);
+    for key in &keys {
+        let ttl: i64 = cli(port, &["pttl", key]).parse().unwrap();
+        // (At most the longest window or block, and a quarter more.)
+        assert!(ttl > 0 && ttl <= 75_001, "{key}: pttl {ttl}");
+    }
+}
+
 #[tokio::test]
 async fn counter_states_live_until_their_longest_window_lets_go() {
     // The straight-line scripts (counter algorithms, no route-wide windows,
