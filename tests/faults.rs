@@ -164,18 +164,27 @@ async fn run(fault: Fault, mode: FailMode, shape: Shape) {
         let (app, stop) = (app.clone(), stop.clone());
         load.spawn(async move {
             let (mut late, mut worst, mut n) = (0, Duration::ZERO, 0u64);
+            // Per user, the requests let through with the limit's headers
+            // (decided by a store), and every (status, limited) seen.
+            let mut allowed = std::collections::HashMap::<String, u32>::new();
+            let mut seen = std::collections::BTreeSet::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 n += 1;
                 let started = Instant::now();
-                app.get("/x", &format!("load{c}-{}", n % 50)).await;
+                let user = format!("load{c}-{}", n % 50);
+                let reply = app.get("/x", &user).await;
                 let took = started.elapsed();
                 worst = worst.max(took);
                 late += u32::from(took > DEADLINE + SLACK);
+                if reply.status == StatusCode::OK && reply.limited() {
+                    *allowed.entry(user).or_default() += 1;
+                }
+                seen.insert((reply.status.as_u16(), reply.limited()));
                 // A store that fails at once answers without ever waiting:
                 // yield, as a real connection's I/O would.
                 tokio::task::yield_now().await;
             }
-            (late, worst, n)
+            (late, worst, n, allowed, seen)
         });
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -213,10 +222,32 @@ async fn run(fault: Fault, mode: FailMode, shape: Shape) {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut background = 0;
     while let Some(result) = load.join_next().await {
-        let (l, w, n) = result.unwrap();
+        let (l, w, n, allowed, seen) = result.unwrap();
         late += l;
         worst = worst.max(w);
         background += n;
+        // The background's answers, before, during and after the fault:
+        // each a decision on Redis (exact: at most the minute's 2 per
+        // user), or the fail mode's answer. Under the fallback the
+        // in-process store may allow a user's 2 again while Redis is out.
+        let most = if mode == FailMode::Fallback { 4 } else { 2 };
+        for (user, count) in &allowed {
+            assert!(
+                *count <= most,
+                "{fault:?}/{mode:?}/{shape:?}: {user} allowed {count} times"
+            );
+        }
+        for (status, limited) in &seen {
+            let fail_answer = match mode {
+                FailMode::Open => *status == 200 && !limited,
+                FailMode::Closed => *status == 503 && !limited,
+                _ => false,
+            };
+            assert!(
+                (*limited && (*status == 200 || *status == 429)) || fail_answer,
+                "{fault:?}/{mode:?}/{shape:?}: a background answer {status} (limited: {limited})"
+            );
+        }
     }
 
     undo(&mut server, pending);
