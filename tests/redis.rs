@@ -381,17 +381,19 @@ async fn counter_states_live_until_their_longest_window_lets_go() {
 async fn scores_come_from_the_server_clock() {
     let port = port_of(&shared().standalone);
     let prefix = unique_prefix();
-    let store = standalone_at(&prefix).await;
-    // Two replicas: neither injects a clock, so whatever their own clocks
-    // say, both decide on the server's TIME and agree exactly.
+    // Two replicas, each with a store (a connection) of its own: neither
+    // injects a clock, so whatever their own clocks say, both decide on
+    // the server's TIME and agree exactly. (The layers themselves read
+    // only a monotonic clock, for their denial caches: a replica's wall
+    // clock, skewed or stepped, is read nowhere.)
     let a = App::on_store_clock(
         one_route(Rule::new().per(Duration::from_secs(30), 3)),
-        store.clone(),
+        standalone_at(&prefix).await,
         |l| l,
     );
     let b = App::on_store_clock(
         one_route(Rule::new().per(Duration::from_secs(30), 3)),
-        store,
+        standalone_at(&prefix).await,
         |l| l,
     );
     assert_eq!(a.get("/a", "u").await.status, StatusCode::OK);
