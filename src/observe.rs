@@ -1,7 +1,8 @@
 //! Logs and metrics of decisions.
 //!
 //! Events (`tracing`, target `tower_ratelimit`): `debug` for every limited
-//! request (route pattern, outcome, remaining, store latency), `trace` adds
+//! request (route pattern, outcome, remaining, and `store_us`, the store's
+//! latency in microseconds, when an asynchronous store was asked), `trace` adds
 //! the budget key (which contains the encoded user: never at `info`),
 //! `info` when shadow mode lets through a request it would deny, `warn` (at
 //! most once a second) when the store fails.
@@ -71,13 +72,14 @@ mod keys {
 }
 
 /// Counts and logs one limited request. The metric keys are static, so
-/// recording costs no allocation; `remaining` is asked for only when an
-/// event may be logged.
+/// recording costs no allocation; `details` (the remaining count, and the
+/// store's latency when an asynchronous store was asked) are worked out
+/// only when an event may be logged.
 pub(crate) fn outcome(
     route: &str,
     budget: &str,
     outcome: Outcome,
-    remaining: impl FnOnce() -> Option<u32>,
+    details: impl FnOnce() -> (Option<u32>, Option<Duration>),
 ) {
     #[cfg(feature = "metrics")]
     {
@@ -103,20 +105,29 @@ pub(crate) fn outcome(
         _ => Level::DEBUG,
     };
     if level <= STATIC_MAX_LEVEL && level <= LevelFilter::current() {
-        log_outcome(route, budget, outcome, remaining());
+        let (remaining, latency) = details();
+        log_outcome(route, budget, outcome, remaining, latency);
     }
 }
 
 /// The events of [`outcome`].
 #[inline(never)]
-fn log_outcome(route: &str, budget: &str, outcome: Outcome, remaining: Option<u32>) {
+fn log_outcome(
+    route: &str,
+    budget: &str,
+    outcome: Outcome,
+    remaining: Option<u32>,
+    latency: Option<Duration>,
+) {
     if outcome == Outcome::ShadowDenied {
         tracing::info!(route, "shadow mode: request would have been denied");
     }
+    let store_us = latency.map(|l| u64::try_from(l.as_micros()).unwrap_or(u64::MAX));
     tracing::debug!(
         route,
         outcome = outcome.as_str(),
         remaining,
+        store_us,
         "rate limit decision"
     );
     tracing::trace!(

@@ -292,6 +292,14 @@ struct Checked<'a> {
     retry: Option<CheckRef<'a>>,
 }
 
+impl Checked<'_> {
+    /// How long the asynchronous store took, if one was asked (read when
+    /// an event is logged).
+    fn latency(&self) -> Option<std::time::Duration> {
+        self.started.map(|started| started.elapsed())
+    }
+}
+
 /// What a request waiting for an asynchronous store keeps of its check.
 struct Held {
     policy: Arc<Policy>,
@@ -514,7 +522,7 @@ impl<St: Store, I> Shared<St, I> {
                 Outcome::Allowed
             };
             observe::outcome(&policy.route, checked.budget, outcome, || {
-                remaining(&decision)
+                (remaining(&decision), checked.latency())
             });
             return Verdict::Pass(Some(headers));
         }
@@ -555,7 +563,7 @@ impl<St: Store, I> Shared<St, I> {
                     &checked.policy.route,
                     checked.budget,
                     Outcome::FailClosed,
-                    || None,
+                    || (None, checked.latency()),
                 );
                 let response = if decision::is_grpc(request) {
                     decision::grpc(GrpcStatus::Unavailable, "rate limiter unavailable", None)
@@ -569,7 +577,7 @@ impl<St: Store, I> Shared<St, I> {
                     &checked.policy.route,
                     checked.budget,
                     Outcome::FailOpen,
-                    || None,
+                    || (None, checked.latency()),
                 );
                 Verdict::Pass(None)
             }
@@ -591,7 +599,7 @@ impl<St: Store, I> Shared<St, I> {
         let policy = checked.policy;
         if policy.shadow || options.shadow {
             observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
-                remaining(&decision)
+                (remaining(&decision), checked.latency())
             });
             return Verdict::Pass(Some(headers.without_retry()));
         }
@@ -600,7 +608,7 @@ impl<St: Store, I> Shared<St, I> {
             other => other,
         };
         observe::outcome(&policy.route, checked.budget, outcome, || {
-            remaining(&decision)
+            (remaining(&decision), checked.latency())
         });
         // Only an asynchronous store's denials are cached (a store that
         // answers at once is as fast as the cache), from when it was asked:

@@ -135,3 +135,65 @@ fn store_failures_warn_once_a_second_without_the_user() {
     assert!(lines[0].contains("mode=Open suppressed=0"), "{text}");
     assert!(!text.contains("secret-api-key"), "{text}");
 }
+
+/// A store that answers later (as Redis does), deciding on a memory store.
+#[derive(Clone)]
+struct Later(MemoryStore);
+
+impl tower_ratelimit::Store for Later {
+    type Future = std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
+                > + Send,
+        >,
+    >;
+
+    fn check(&self, check: tower_ratelimit::Check) -> Self::Future {
+        let store = self.0.clone();
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            store.check(check).await
+        })
+    }
+}
+
+/// The decision event carries the route, the outcome, the remaining count
+/// and, when an asynchronous store was asked, how long it took.
+#[test]
+fn decision_events_carry_the_store_latency_of_an_asynchronous_store() {
+    let buffer = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(buffer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let later = App::new(one(Rule::new().second(1)), Later(MemoryStore::new()));
+            assert_eq!(later.get("/a", "u").await.status, 200);
+            assert_eq!(later.get("/a", "u").await.status, 429);
+        });
+    });
+    let bytes = buffer.0.lock().unwrap().clone();
+    let text = String::from_utf8(bytes).unwrap();
+    let decisions: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("rate limit decision"))
+        .collect();
+    assert_eq!(decisions.len(), 2, "{text}");
+    for line in &decisions {
+        assert!(line.contains("route=\"^/a\""), "{line}");
+        assert!(line.contains(" store_us="), "{line}");
+    }
+    assert!(decisions[0].contains("outcome=\"allowed\""), "{text}");
+    assert!(decisions[1].contains("outcome=\"denied\""), "{text}");
+    // A store that decides at once has no latency to report.
+    let memory = logged(tracing::Level::DEBUG, false);
+    assert!(memory.contains("rate limit decision"), "{memory}");
+    assert!(!memory.contains("store_us"), "{memory}");
+}
