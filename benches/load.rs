@@ -643,6 +643,12 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     assert_eq!(errors, 0, "error responses");
     assert_eq!(over, 0, "a window allowed more than its limit");
     assert_eq!(early, 0, "denied while the window had room");
+    // 400 budgets, all live throughout: the server's memory after warm-up
+    // stays flat (a quarter more, or 8 MiB, for the allocator's slack).
+    assert!(
+        last <= warm + warm / 4 + 8192,
+        "the server grew from {warm} KiB to {last} KiB"
+    );
 }
 
 /// A Python interpreter that can run the Python peers, if there is one.
