@@ -121,17 +121,10 @@ impl DenialCache {
                 return;
             }
             let before = shard.map.len();
-            let mut first = u64::MAX;
-            shard.map.retain(|_, d| {
-                let live = d.until > now;
-                if live {
-                    first = first.min(d.until);
-                }
-                live
-            });
-            shard.first_expiry = first;
+            shard.map.retain(|_, d| d.until > now);
             self.len
                 .fetch_sub(before - shard.map.len(), Ordering::Relaxed);
+            shard.first_expiry = next_sweep(&shard.map, self.per_shard);
             if shard.map.len() >= self.per_shard {
                 return;
             }
@@ -152,6 +145,19 @@ impl DenialCache {
             self.len.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// When a shard's next sweep may free anything: its first expiry, or, when
+/// it is still nearly full, the time an eighth of its entries have expired
+/// (so that a shard whose entries expire one by one is swept once per
+/// eighth of them, not on every insert after each expiry).
+fn next_sweep(map: &HashMap<Box<str>, Denied>, per_shard: usize) -> u64 {
+    if map.len() < per_shard - per_shard / 8 {
+        return map.values().map(|d| d.until).min().unwrap_or(u64::MAX);
+    }
+    let mut untils: Vec<u64> = map.values().map(|d| d.until).collect();
+    let eighth = untils.len() / 8;
+    *untils.select_nth_unstable(eighth).1
 }
 
 #[cfg(test)]
@@ -226,6 +232,31 @@ mod tests {
         assert!(cache.get(&same[0], 0, 1, 5_001).is_none());
         assert_eq!(first(&cache), 10_000);
         assert_eq!(cache.len.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_nearly_full_shard_is_swept_once_per_eighth_of_its_entries() {
+        let cache = DenialCache::new(SHARDS * 16);
+        let same: Vec<String> = (0..)
+            .map(|i| format!("b{i}"))
+            .filter(|b| std::ptr::eq(cache.shard(b), cache.shard("b0")))
+            .take(19)
+            .collect();
+        // 16 entries, expiring 1, 2, ..., 16 ms from 0.
+        for (i, key) in same[..16].iter().enumerate() {
+            cache.insert(key, 0, 1, 0, &denied(i as u64 + 1));
+        }
+        // At 1 ms the first has expired: room for one.
+        cache.insert(&same[16], 0, 1, 1_000, &denied(100));
+        assert!(cache.get(&same[16], 0, 1, 1_001).is_some());
+        // At 2 ms the second has expired too, but the shard is not swept
+        // again until an eighth of it (two entries) has: no room yet.
+        cache.insert(&same[17], 0, 1, 2_000, &denied(100));
+        assert!(cache.get(&same[17], 0, 1, 2_001).is_none());
+        // At 3 ms it is: two entries leave, one comes in.
+        cache.insert(&same[18], 0, 1, 3_000, &denied(100));
+        assert!(cache.get(&same[18], 0, 1, 3_001).is_some());
+        assert_eq!(cache.len.load(Ordering::Relaxed), 15);
     }
 
     #[test]

@@ -293,8 +293,9 @@ struct Checked<'a> {
 }
 
 impl Checked<'_> {
-    /// How long the asynchronous store took, if one was asked (read when
-    /// an event is logged).
+    /// How long since the asynchronous store was asked, if one was: its
+    /// answer (or failure) and the layer's few steps after it, read when an
+    /// event is logged.
     fn latency(&self) -> Option<std::time::Duration> {
         self.started.map(|started| started.elapsed())
     }
@@ -499,7 +500,8 @@ impl<St: Store, I> Shared<St, I> {
         let options = &self.options;
         let (decision, via) = match result {
             Ok(decision) => {
-                if let Some(started) = checked.started {
+                // (Not for the fallback's decision: that call failed.)
+                if let Some(started) = checked.started.filter(|_| via != Outcome::Fallback) {
                     observe::store_latency(started.elapsed());
                 }
                 // (The fail mode, in the options at hand, tells whether
@@ -551,11 +553,6 @@ impl<St: Store, I> Shared<St, I> {
             (FailMode::Fallback, Some(fallback), Some(check)) => {
                 fallback.failed(self.now());
                 let decision = fallback.store.decide_now(check);
-                // (No store latency to record for a call that failed.)
-                let checked = Checked {
-                    started: None,
-                    ..checked
-                };
                 self.on_decision(checked, request, Ok(decision), Outcome::Fallback)
             }
             (FailMode::Closed, ..) => {

@@ -100,8 +100,23 @@ async fn start_error(flags: &[&str]) -> String {
     }
 }
 
-/// A rule table written to a file of its own; its path.
-fn config_file(text: &str) -> String {
+/// A rule table written to a file of its own, removed when dropped
+/// (whether the test passes or not).
+struct ConfigFile(String);
+
+impl ConfigFile {
+    fn path(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn config_file(text: &str) -> ConfigFile {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let path = std::env::temp_dir().join(format!(
         "tower-ratelimit-demo-{}-{}.toml",
@@ -109,7 +124,7 @@ fn config_file(text: &str) -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::write(&path, text).unwrap();
-    path.to_string_lossy().into_owned()
+    ConfigFile(path.to_string_lossy().into_owned())
 }
 
 /// Per-minute limits, so that no test depends on how fast it runs.
@@ -212,7 +227,7 @@ async fn two_replicas_on_one_redis_share_each_budget() {
     let redis = RedisServer::start();
     let file = config_file(MINUTE_TABLE);
     let url = redis.url();
-    let flags = ["--config", file.as_str(), "--redis", url.as_str()];
+    let flags = ["--config", file.path(), "--redis", url.as_str()];
     let replicas = [demo(&flags).await, demo(&flags).await];
     let key = [("x-api-key", "carol")];
     assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
@@ -226,7 +241,6 @@ async fn two_replicas_on_one_redis_share_each_budget() {
     let late = demo(&flags).await;
     assert_eq!(get(late, "/a", &key).await.status, 429);
     assert_eq!(get(late, "/a", &[("x-api-key", "dave")]).await.status, 200);
-    let _ = std::fs::remove_file(file);
 }
 
 /// The same on a three-master Cluster, through `--redis-cluster`.
@@ -235,7 +249,7 @@ async fn two_replicas_on_a_cluster_share_each_budget() {
     let cluster = RedisCluster::start();
     let file = config_file(MINUTE_TABLE);
     let urls = cluster.urls().join(",");
-    let flags = ["--config", file.as_str(), "--redis-cluster", urls.as_str()];
+    let flags = ["--config", file.path(), "--redis-cluster", urls.as_str()];
     let replicas = [demo(&flags).await, demo(&flags).await];
     for user in ["erin", "frank", "grace", "heidi"] {
         let key = [("x-api-key", user)];
@@ -264,7 +278,7 @@ async fn the_fail_modes_against_a_redis_that_is_down() {
     let flags = |mode: &'static str| {
         [
             "--config".to_owned(),
-            file.clone(),
+            file.path().to_owned(),
             "--redis".to_owned(),
             url.clone(),
             "--fail-mode".to_owned(),
@@ -301,7 +315,6 @@ async fn the_fail_modes_against_a_redis_that_is_down() {
         get(fallback, "/a", &key).await.status,
     ];
     assert_eq!(statuses, [200, 200, 429]);
-    let _ = std::fs::remove_file(file);
 }
 
 /// Behind a trusted proxy, each X-Forwarded-For client has its own budget;
@@ -309,7 +322,7 @@ async fn the_fail_modes_against_a_redis_that_is_down() {
 #[tokio::test]
 async fn a_trusted_proxy_names_the_client() {
     let file = config_file(MINUTE_TABLE);
-    let trusting = demo(&["--config", &file, "--trusted-proxy", "127.0.0.1"]).await;
+    let trusting = demo(&["--config", file.path(), "--trusted-proxy", "127.0.0.1"]).await;
     for client in ["203.0.113.7", "203.0.113.8"] {
         let xff = [("x-forwarded-for", client)];
         assert_eq!(get(trusting, "/a", &xff).await.status, 200);
@@ -327,7 +340,7 @@ async fn a_trusted_proxy_names_the_client() {
     assert_eq!(get(trusting, "/a", &posing).await.status, 429);
     // Not trusted: the header is the client's own claim, and every request
     // here comes from one peer.
-    let plain = demo(&["--config", &file]).await;
+    let plain = demo(&["--config", file.path()]).await;
     let statuses = [
         get(plain, "/a", &[("x-forwarded-for", "198.51.100.1")])
             .await
@@ -340,7 +353,6 @@ async fn a_trusted_proxy_names_the_client() {
             .status,
     ];
     assert_eq!(statuses, [200, 200, 429]);
-    let _ = std::fs::remove_file(file);
 }
 
 #[tokio::test]
@@ -355,14 +367,12 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     );
 
     let bad = config_file("[[routes]]\npath = \"^/(a\"\nrules = [{ minute = 2 }]\n");
-    let error = start_error(&["--config", &bad]).await;
+    let error = start_error(&["--config", bad.path()]).await;
     assert!(error.contains("^/(a"), "{error}");
-    let _ = std::fs::remove_file(bad);
 
     let unknown = config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minutes = 2 }]\n");
-    let error = start_error(&["--config", &unknown]).await;
+    let error = start_error(&["--config", unknown.path()]).await;
     assert!(error.contains("minutes"), "{error}");
-    let _ = std::fs::remove_file(unknown);
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();

@@ -161,10 +161,15 @@ async fn the_example_answers_reflection_unlimited() {
     }
     // The same client's health checks still have their whole budget.
     let mut health = HealthClient::new(channel);
+    let started = std::time::Instant::now();
     for _ in 0..2 {
         assert!(health.check(health_check()).await.is_ok());
     }
-    let denied = health.check(health_check()).await.unwrap_err();
-    assert_eq!(denied.code(), Code::ResourceExhausted);
+    let third = health.check(health_check()).await;
+    // (2 a second: the third is refused when it came within the second,
+    // as it does unless the machine stalled.)
+    if started.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(third.unwrap_err().code(), Code::ResourceExhausted);
+    }
     server.abort();
 }

@@ -738,12 +738,28 @@ async fn batch_loop<C>(
 }
 
 /// Sends one batch as a pipeline and answers each of its checks. Bounded
-/// by `deadline` as a whole, a `NOSCRIPT` reload and second try included;
-/// the connection's health is observed once per batch.
-async fn send_batch<C>(lazy: Arc<Lazy<C>>, jobs: Vec<Job>, deadline: Duration)
+/// by its earliest check's deadline, a `NOSCRIPT` reload and second try
+/// included; a check whose deadline passed in the queue is answered at once
+/// and not sent. The connection's health is observed once per batch, and
+/// a timeout counts against it only when Redis had the whole `deadline`
+/// (a runtime too busy to send in time is not Redis's fault).
+async fn send_batch<C>(lazy: Arc<Lazy<C>>, mut jobs: Vec<Job>, deadline: Duration)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let sent_at = tokio::time::Instant::now();
+    if jobs.iter().any(|job| job.due <= sent_at) {
+        late(&mut jobs, sent_at);
+        if jobs.is_empty() {
+            return;
+        }
+    }
+    // (A timeout before Redis had the whole deadline says nothing of it.)
+    let timed_out = |lazy: &Arc<Lazy<C>>| {
+        if sent_at.elapsed() >= deadline {
+            lazy.observe_timeout();
+        }
+    };
     let Some(mut conn) = lazy.get() else {
         lazy.reconnect();
         for job in jobs {
@@ -761,7 +777,7 @@ where
                     result.map_err(store_error)
                 }
                 Err(_) => {
-                    lazy.observe_timeout();
+                    timed_out(&lazy);
                     Err(StoreError::timeout())
                 }
             };
@@ -774,7 +790,7 @@ where
         .iter()
         .map(|job| job.due)
         .min()
-        .unwrap_or_else(|| tokio::time::Instant::now() + deadline);
+        .unwrap_or(sent_at + deadline);
     let (pipe, answers) = pipeline(&lazy, jobs);
     let sent = tokio::time::timeout_at(due, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
     match sent {
@@ -793,12 +809,29 @@ where
             });
         }
         Err(_) => {
-            lazy.observe_timeout();
+            timed_out(&lazy);
             Answer::each(answers, |reply| {
                 let _ = reply.send(Err(StoreError::timeout()));
             });
         }
     }
+}
+
+/// Answers the checks of `jobs` whose deadline is over at `now` with a
+/// timeout, and keeps the others. (Out of line: only a stalled runtime
+/// gets here.)
+#[cold]
+#[inline(never)]
+fn late(jobs: &mut Vec<Job>, now: tokio::time::Instant) {
+    let mut kept = Vec::with_capacity(jobs.len());
+    for job in jobs.drain(..) {
+        if job.due <= now {
+            let _ = job.reply.send(Err(StoreError::timeout()));
+        } else {
+            kept.push(job);
+        }
+    }
+    *jobs = kept;
 }
 
 /// A batch's pipeline: the checks that have a batch script, two or more of
