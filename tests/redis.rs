@@ -1606,3 +1606,36 @@ fn a_checks_deadline_includes_its_wait_in_the_queue() {
         assert_eq!(decision.windows()[0].remaining, 98);
     });
 }
+
+/// A Redis that stops answering (paused) costs three checks their whole
+/// deadline; then the connection is presumed dead and dropped, and checks
+/// fail at once while a new one is made, instead of each waiting.
+#[tokio::test]
+async fn three_timeouts_drop_the_connection_and_later_checks_fail_fast() {
+    use tower_ratelimit::store::{Check, StoreErrorKind};
+    use tower_ratelimit::{Store, Window};
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let windows: std::sync::Arc<[Window]> =
+        [Window::new(Duration::from_secs(60), 100).unwrap()].into();
+    let check = || Check::new("r0:u", windows.clone());
+    assert!(store.check(check()).await.unwrap().allowed());
+    assert_eq!(server.cli(&["client", "pause", "3000", "all"]), "OK");
+    for _ in 0..3 {
+        let error = store.check(check()).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    }
+    let started = Instant::now();
+    let error = store.check(check()).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -741,8 +741,8 @@ async fn batch_loop<C>(
 /// by its earliest check's deadline, a `NOSCRIPT` reload and second try
 /// included; a check whose deadline passed in the queue is answered at once
 /// and not sent. The connection's health is observed once per batch, and
-/// a timeout counts against it only when Redis had the whole `deadline`
-/// (a runtime too busy to send in time is not Redis's fault).
+/// a timeout counts against it only when Redis had at least half the
+/// deadline (a runtime too busy to send in time is not Redis's fault).
 async fn send_batch<C>(lazy: Arc<Lazy<C>>, mut jobs: Vec<Job>, deadline: Duration)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -754,9 +754,15 @@ where
             return;
         }
     }
-    // (A timeout before Redis had the whole deadline says nothing of it.)
+    // (The batch ends when its earliest check's deadline does.)
+    let due = jobs
+        .iter()
+        .map(|job| job.due)
+        .min()
+        .unwrap_or(sent_at + deadline);
+    let counts = due.saturating_duration_since(sent_at) * 2 >= deadline;
     let timed_out = |lazy: &Arc<Lazy<C>>| {
-        if sent_at.elapsed() >= deadline {
+        if counts {
             lazy.observe_timeout();
         }
     };
@@ -770,7 +776,7 @@ where
     if jobs.len() == 1 {
         // A check alone: sent as the command it is (no pipeline, no lists).
         for job in jobs {
-            let sent = tokio::time::timeout_at(job.due, run_one(&lazy, &mut conn, &job.cmd)).await;
+            let sent = tokio::time::timeout_at(due, run_one(&lazy, &mut conn, &job.cmd)).await;
             let result = match sent {
                 Ok(result) => {
                     lazy.observe(&result);
@@ -785,12 +791,6 @@ where
         }
         return;
     }
-    // (The batch ends when its earliest check's deadline does.)
-    let due = jobs
-        .iter()
-        .map(|job| job.due)
-        .min()
-        .unwrap_or(sent_at + deadline);
     let (pipe, answers) = pipeline(&lazy, jobs);
     let sent = tokio::time::timeout_at(due, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
     match sent {
