@@ -209,14 +209,19 @@ mod tests {
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(10)));
     }
 
+    /// `n` budgets in the shard of `b0`.
+    fn same_shard(cache: &DenialCache, n: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("b{i}"))
+            .filter(|b| std::ptr::eq(cache.shard(b), cache.shard("b0")))
+            .take(n)
+            .collect()
+    }
+
     #[test]
     fn a_full_shard_makes_room_when_its_first_entry_expires() {
         let cache = DenialCache::new(SHARDS * 2);
-        let same: Vec<String> = (0..)
-            .map(|i| format!("b{i}"))
-            .filter(|b| std::ptr::eq(cache.shard(b), cache.shard("b0")))
-            .take(4)
-            .collect();
+        let same = same_shard(&cache, 4);
         let first = |c: &DenialCache| c.shard("b0").lock().unwrap().first_expiry;
         cache.insert(&same[0], 0, 1, 0, &denied(5));
         cache.insert(&same[1], 0, 1, 0, &denied(10));
@@ -237,11 +242,7 @@ mod tests {
     #[test]
     fn a_nearly_full_shard_is_swept_once_per_eighth_of_its_entries() {
         let cache = DenialCache::new(SHARDS * 16);
-        let same: Vec<String> = (0..)
-            .map(|i| format!("b{i}"))
-            .filter(|b| std::ptr::eq(cache.shard(b), cache.shard("b0")))
-            .take(19)
-            .collect();
+        let same = same_shard(&cache, 19);
         // 16 entries, expiring 1, 2, ..., 16 ms from 0.
         for (i, key) in same[..16].iter().enumerate() {
             cache.insert(key, 0, 1, 0, &denied(i as u64 + 1));

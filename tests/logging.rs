@@ -39,30 +39,37 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
     }
 }
 
-/// What two requests of one user (limit 1 a second) log under a
-/// subscriber at `level`, in shadow mode or not.
-fn logged(level: tracing::Level, shadow: bool) -> String {
+/// Runs `work` on a runtime of its own under a subscriber at `level`:
+/// what it returns, and what it logged.
+fn capture<F: std::future::Future>(level: tracing::Level, work: F) -> (F::Output, String) {
     let buffer = LogBuffer::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_ansi(false)
         .with_writer(buffer.clone())
         .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+    let output = tracing::subscriber::with_default(subscriber, || {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        runtime.block_on(async {
-            let app = App::with(one(Rule::new().second(1)), MemoryStore::new(), |l| {
-                l.shadow(shadow)
-            });
-            app.get("/a", "u").await;
-            app.get("/a", "u").await;
-        });
+            .unwrap()
+            .block_on(work)
     });
     let bytes = buffer.0.lock().unwrap().clone();
-    String::from_utf8(bytes).unwrap()
+    (output, String::from_utf8(bytes).unwrap())
+}
+
+/// What two requests of one user (limit 1 a second) log under a
+/// subscriber at `level`, in shadow mode or not.
+fn logged(level: tracing::Level, shadow: bool) -> String {
+    let work = async {
+        let app = App::with(one(Rule::new().second(1)), MemoryStore::new(), |l| {
+            l.shadow(shadow)
+        });
+        app.get("/a", "u").await;
+        app.get("/a", "u").await;
+    };
+    capture(level, work).1
 }
 
 #[test]
@@ -101,30 +108,17 @@ impl tower_ratelimit::Store for Down {
 /// one), and never with the user (an API key).
 #[test]
 fn store_failures_warn_once_a_second_without_the_user() {
-    let buffer = LogBuffer::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(buffer.clone())
-        .finish();
-    let elapsed = tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+    let work = async {
         let started = std::time::Instant::now();
-        runtime.block_on(async {
-            let app = App::new(one(Rule::new().second(1)), Down);
-            for _ in 0..5 {
-                assert_eq!(app.get("/a", "secret-api-key").await.status, 200);
-            }
-        });
+        let app = App::new(one(Rule::new().second(1)), Down);
+        for _ in 0..5 {
+            assert_eq!(app.get("/a", "secret-api-key").await.status, 200);
+        }
         // (Five failures within one second of real time, unless the
         // machine stalled: then a second line is allowed.)
         started.elapsed()
-    });
-    let bytes = buffer.0.lock().unwrap().clone();
-    let text = String::from_utf8(bytes).unwrap();
+    };
+    let (elapsed, text) = capture(tracing::Level::WARN, work);
     let lines: Vec<&str> = text.lines().collect();
     assert!(!lines.is_empty() && lines.len() <= 2, "{text}");
     if elapsed < std::time::Duration::from_millis(900) {
@@ -162,25 +156,12 @@ impl tower_ratelimit::Store for Later {
 /// and, when an asynchronous store was asked, how long it took.
 #[test]
 fn decision_events_carry_the_store_latency_of_an_asynchronous_store() {
-    let buffer = LogBuffer::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(buffer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let later = App::new(one(Rule::new().second(1)), Later(MemoryStore::new()));
-            assert_eq!(later.get("/a", "u").await.status, 200);
-            assert_eq!(later.get("/a", "u").await.status, 429);
-        });
-    });
-    let bytes = buffer.0.lock().unwrap().clone();
-    let text = String::from_utf8(bytes).unwrap();
+    let work = async {
+        let later = App::new(one(Rule::new().second(1)), Later(MemoryStore::new()));
+        assert_eq!(later.get("/a", "u").await.status, 200);
+        assert_eq!(later.get("/a", "u").await.status, 429);
+    };
+    let ((), text) = capture(tracing::Level::DEBUG, work);
     let decisions: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("rate limit decision"))

@@ -1560,6 +1560,23 @@ async fn checks_beyond_the_window_limit_are_refused_not_panicked_on() {
     assert!(redis.check(most).await.unwrap().allowed());
 }
 
+/// A store of its own on `server`, with a deadline of `ms` milliseconds.
+async fn store_with_deadline(server: &RedisServer, ms: u64) -> RedisStore {
+    RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(ms))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Checks of one user's budget of 100 a minute, made on demand.
+fn minute_checks() -> impl Fn() -> tower_ratelimit::Check {
+    let windows: std::sync::Arc<[tower_ratelimit::Window]> =
+        [tower_ratelimit::Window::new(Duration::from_secs(60), 100).unwrap()].into();
+    move || tower_ratelimit::Check::new("r0:u", windows.clone())
+}
+
 /// A check's deadline counts from when the store was asked, so a wait in
 /// the batching queue (here: a runtime stalled by other work while the
 /// check is queued) is inside it: the check times out rather than waiting
@@ -1570,23 +1587,16 @@ async fn checks_beyond_the_window_limit_are_refused_not_panicked_on() {
 fn a_checks_deadline_includes_its_wait_in_the_queue() {
     use std::future::Future;
     use std::task::Poll;
-    use tower_ratelimit::store::{Check, StoreErrorKind};
-    use tower_ratelimit::{Store, Window};
+    use tower_ratelimit::store::StoreErrorKind;
+    use tower_ratelimit::Store;
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = RedisStore::builder()
-            .url(server.url())
-            .timeout(Duration::from_millis(300))
-            .build()
-            .await
-            .unwrap();
-        let windows: std::sync::Arc<[Window]> =
-            [Window::new(Duration::from_secs(60), 100).unwrap()].into();
-        let check = || Check::new("r0:u", windows.clone());
+        let store = store_with_deadline(&server, 300).await;
+        let check = minute_checks();
         assert!(store.check(check()).await.unwrap().allowed());
         let scripts = server.calls("evalsha");
         for _ in 0..3 {
@@ -1612,18 +1622,11 @@ fn a_checks_deadline_includes_its_wait_in_the_queue() {
 /// fail at once while a new one is made, instead of each waiting.
 #[tokio::test]
 async fn three_timeouts_drop_the_connection_and_later_checks_fail_fast() {
-    use tower_ratelimit::store::{Check, StoreErrorKind};
-    use tower_ratelimit::{Store, Window};
+    use tower_ratelimit::store::StoreErrorKind;
+    use tower_ratelimit::Store;
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .url(server.url())
-        .timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
-    let windows: std::sync::Arc<[Window]> =
-        [Window::new(Duration::from_secs(60), 100).unwrap()].into();
-    let check = || Check::new("r0:u", windows.clone());
+    let store = store_with_deadline(&server, 300).await;
+    let check = minute_checks();
     assert!(store.check(check()).await.unwrap().allowed());
     assert_eq!(server.cli(&["client", "pause", "3000", "all"]), "OK");
     for _ in 0..3 {
