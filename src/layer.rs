@@ -84,7 +84,11 @@ pub struct RateLimitLayer<St, I = ClientIp, M = Wrapped> {
 #[derive(Clone)]
 pub(crate) struct Options {
     pub(crate) fail_mode: FailMode,
+    /// The clock the layer reads for its own timing (denial cache, probes
+    /// of a failing store), and, when `clock_decides`, the time checks are
+    /// decided at.
     pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) clock_decides: bool,
     pub(crate) on_blocked: Option<Arc<BlockedFn>>,
     pub(crate) on_identity_error: Option<Arc<IdentityErrorFn>>,
     pub(crate) cost: Option<Arc<CostFn>>,
@@ -128,6 +132,7 @@ impl<St: Store> RateLimitLayer<St, ClientIp> {
         let options = Options {
             fail_mode: FailMode::default(),
             clock: None,
+            clock_decides: false,
             on_blocked: None,
             on_identity_error: None,
             cost: None,
@@ -219,6 +224,51 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// for the memory and the Redis store alike).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.options.clock = Some(Arc::new(clock));
+        self.options.clock_decides = true;
+        self.fresh()
+    }
+
+    /// Reads `clock` for the layer's own timing only: how long a cached
+    /// denial lasts and when a failing store is probed again. Checks carry
+    /// no time, so the store decides on its own clock: on the Redis store,
+    /// the server's `TIME`, whatever this replica's clock says. For tests
+    /// of those timings (a [`ManualClock`](crate::clock::ManualClock)), and
+    /// of replicas whose clocks disagree. Replaces [`clock`](Self::clock).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{body::Body, Router};
+    /// use http::{Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tower_ratelimit::clock::{ManualClock, Timestamp};
+    /// use tower_ratelimit::{identity::Global, MemoryStore, RateLimitLayer, Rule, Rules};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store_clock = ManualClock::new(Timestamp::from_micros(1_000_000_000));
+    /// // This replica's own clock, five seconds ahead of the store's.
+    /// let local = ManualClock::new(Timestamp::from_micros(1_005_000_000));
+    /// let rules = Rules::builder().route("^/", [Rule::new().second(1)]).build()?;
+    /// let layer = RateLimitLayer::new(rules, MemoryStore::with_clock(store_clock.clone()))
+    ///     .identify(Global)
+    ///     .local_clock(local.clone());
+    /// let app = Router::new().fallback(|| async { "hi" }).layer(layer);
+    /// let status = |app: Router| async move {
+    ///     app.oneshot(Request::new(Body::empty())).await.map(|r| r.status())
+    /// };
+    ///
+    /// assert_eq!(status(app.clone()).await?, StatusCode::OK);
+    /// assert_eq!(status(app.clone()).await?, StatusCode::TOO_MANY_REQUESTS);
+    /// // The replica's clock moving frees nothing: the store's clock decides.
+    /// local.advance(Duration::from_secs(5));
+    /// assert_eq!(status(app.clone()).await?, StatusCode::TOO_MANY_REQUESTS);
+    /// store_clock.advance(Duration::from_secs(1));
+    /// assert_eq!(status(app).await?, StatusCode::OK);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn local_clock(mut self, clock: impl Clock) -> Self {
+        self.options.clock = Some(Arc::new(clock));
+        self.options.clock_decides = false;
         self.fresh()
     }
 

@@ -34,8 +34,9 @@ pub(crate) struct Shared<St, I> {
 }
 
 impl<St, I> Shared<St, I> {
-    /// Now, in microseconds, on the injected clock if there is one, else on
-    /// the layer's monotonic clock (for the denial cache and probes).
+    /// Now, in microseconds, on the injected clock if there is one (whether
+    /// or not checks are decided on it), else on the layer's monotonic
+    /// clock (for the denial cache and probes).
     fn now(&self) -> u64 {
         self.now_or(Instant::now)
     }
@@ -372,10 +373,13 @@ impl<St: Store, I> Shared<St, I> {
             windows: &policy.windows,
             algorithm: policy.algorithm,
             cost,
-            now: options.clock.as_ref().map(|c| {
-                crate::cold_path();
-                c.now()
-            }),
+            now: match &options.clock {
+                Some(c) if options.clock_decides => {
+                    crate::cold_path();
+                    Some(c.now())
+                }
+                _ => None,
+            },
             global: policy.global.as_ref().map(|g| GlobalRef {
                 budget: &g.budget,
                 windows: &g.windows,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use support::redis_server::{cli, log_entries, shared, unique_prefix, RedisServer};
-use support::App;
+use support::{App, START};
 use tower_ratelimit::store::redis::{RedisStore, RedisStoreBuilder};
 use tower_ratelimit::{Algorithm, FailMode, HeaderMode, Rule, Rules};
 
@@ -415,6 +415,90 @@ async fn scores_come_from_the_server_clock() {
         (secs * 1_000_000 - first).abs() < 5_000_000,
         "score {first} vs server time {secs}"
     );
+}
+
+/// The issue's "two replicas whose injected clocks differ by 5 s still
+/// agree when the server clock is used": each replica's layer reads a
+/// manual clock of its own for its own timing, 5 s apart from the other's
+/// (and months from the real time), while the store decides on Redis's
+/// `TIME`.
+#[tokio::test]
+async fn replicas_whose_clocks_differ_by_five_seconds_agree_on_the_server_clock() {
+    const SKEW: u64 = 5_000_000;
+    let port = port_of(&shared().standalone);
+    // A 4 s window: shorter than the skew, so replicas deciding on their
+    // own clocks would each see the other's requests as gone (the control
+    // below).
+    let rule = || Rule::new().per(Duration::from_secs(4), 3);
+    let alternate = |a: App, b: App| async move {
+        let mut allowed = 0;
+        let mut denied = Vec::new();
+        for i in 0..6 {
+            let reply = if i % 2 == 0 { &a } else { &b }.get("/a", "u").await;
+            match reply.status {
+                StatusCode::OK => allowed += 1,
+                _ => denied.push(reply),
+            }
+        }
+        (allowed, denied)
+    };
+
+    let prefix = unique_prefix();
+    let a = App::on_local_clock(one_route(rule()), standalone_at(&prefix).await, START);
+    let b = App::on_local_clock(
+        one_route(rule()),
+        standalone_at(&prefix).await,
+        START + SKEW,
+    );
+    let (allowed, denied) = alternate(a.clone(), b.clone()).await;
+    assert_eq!(allowed, 3, "exactly the limit across both replicas");
+    assert_eq!(denied.len(), 3);
+    for reply in &denied {
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        let wait: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=4).contains(&wait), "retry-after {wait}");
+    }
+    // Every entry is at the server's time, not at either replica's.
+    let secs: i64 = cli(port, &["time"])
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let budget = keys(port, &prefix);
+    assert_eq!(budget.len(), 1, "one budget: {budget:?}");
+    let entries = log_entries(port, &budget[0]);
+    assert_eq!(entries.len(), 3);
+    for entry in entries {
+        assert!(
+            (secs * 1_000_000 - entry).abs() < 5_000_000,
+            "entry {entry} vs server time {secs} s"
+        );
+    }
+
+    // The replicas' own clocks time their denial caches: with the budget
+    // gone from Redis, each still denies from its cache until its own
+    // clock has passed the wait, whatever the real time.
+    assert_eq!(cli(port, &["del", &budget[0]]), "1");
+    assert_eq!(a.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    a.advance(Duration::from_secs(5));
+    assert_eq!(a.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(b.get("/a", "u").await.status, StatusCode::TOO_MANY_REQUESTS);
+    b.advance(Duration::from_secs(5));
+    assert_eq!(b.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(log_entries(port, &budget[0]).len(), 2);
+
+    // The control: the same replicas deciding on their own clocks
+    // disagree, each counting only its own requests in its window.
+    let prefix = unique_prefix();
+    let a = App::on_clock_at(one_route(rule()), standalone_at(&prefix).await, START);
+    let b = App::on_clock_at(
+        one_route(rule()),
+        standalone_at(&prefix).await,
+        START + SKEW,
+    );
+    let (allowed, _) = alternate(a, b).await;
+    assert!(allowed > 3, "on skewed clocks {allowed} allowed");
 }
 
 #[tokio::test]

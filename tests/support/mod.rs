@@ -113,7 +113,24 @@ impl App {
         ) -> RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
     {
         let clock = ManualClock::new(Timestamp::from_micros(START));
-        Self::build(rules, store, Some(clock), adjust)
+        Self::build(rules, store, Some((clock, true)), adjust)
+    }
+
+    /// An app on a manual clock starting at `start` (microseconds), read
+    /// by the layer for its own timing only (`local_clock`): the store
+    /// decides on its own clock (Redis: the server's `TIME`).
+    #[allow(dead_code)]
+    pub fn on_local_clock<St: Store>(rules: Rules, store: St, start: u64) -> Self {
+        let clock = ManualClock::new(Timestamp::from_micros(start));
+        Self::build(rules, store, Some((clock, false)), |layer| layer)
+    }
+
+    /// An app whose checks are decided on a manual clock starting at
+    /// `start` (microseconds).
+    #[allow(dead_code)]
+    pub fn on_clock_at<St: Store>(rules: Rules, store: St, start: u64) -> Self {
+        let clock = ManualClock::new(Timestamp::from_micros(start));
+        Self::build(rules, store, Some((clock, true)), |layer| layer)
     }
 
     /// An app whose layer has no injected clock: the store decides on its
@@ -127,17 +144,31 @@ impl App {
         Self::build(rules, store, None, adjust)
     }
 
-    fn build<St: Store, F>(rules: Rules, store: St, manual: Option<ManualClock>, adjust: F) -> Self
+    /// `manual`: a manual clock, and whether checks are decided on it (else
+    /// the layer reads it for its own timing only).
+    fn build<St: Store, F>(
+        rules: Rules,
+        store: St,
+        manual: Option<(ManualClock, bool)>,
+        adjust: F,
+    ) -> Self
     where
         F: FnOnce(
             RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
         ) -> RateLimitLayer<St, tower_ratelimit::identity::ClientIp>,
     {
         let mut layer = RateLimitLayer::new(rules, store);
-        if let Some(clock) = &manual {
-            layer = layer.clock(clock.clone());
-        }
-        let clock = manual.unwrap_or_default();
+        let clock = match manual {
+            Some((clock, true)) => {
+                layer = layer.clock(clock.clone());
+                clock
+            }
+            Some((clock, false)) => {
+                layer = layer.local_clock(clock.clone());
+                clock
+            }
+            None => ManualClock::default(),
+        };
         let inner_calls = Arc::new(AtomicUsize::new(0));
         let identity_calls = Arc::new(AtomicUsize::new(0));
         let calls = inner_calls.clone();
