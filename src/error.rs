@@ -59,6 +59,9 @@ pub enum ConfigErrorKind {
     GlobalAlgorithm,
     /// A trusted proxy network is not an address or CIDR block.
     InvalidNetwork(String),
+    /// An item of a limit text ([`Rule::limits`](crate::Rule::limits), or
+    /// `limits` in a configuration file) cannot be read; says which and why.
+    LimitText(String),
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -175,6 +178,7 @@ impl fmt::Display for ConfigError {
                 f,
                 "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8)"
             ),
+            ConfigErrorKind::LimitText(why) => f.write_str(why),
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }
     }

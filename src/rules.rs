@@ -169,6 +169,9 @@ pub struct Rule {
     /// (Field name, duration, limit; no duration: a config window that
     /// gave both or neither of `seconds` and `millis`.)
     windows: Vec<(String, Option<Duration>, i64)>,
+    /// The first item of a [`limits`](Self::limits) text that could not be
+    /// read: its field, and why.
+    notation_error: Option<(String, String)>,
 }
 
 impl Default for Rule {
@@ -192,6 +195,7 @@ impl Rule {
             algorithm: Algorithm::default(),
             block_time: None,
             windows: Vec::new(),
+            notation_error: None,
         }
     }
 
@@ -262,6 +266,71 @@ impl Rule {
         self
     }
 
+    /// Adds the windows of a limit text, as Flask-Limiter writes them:
+    /// items such as `10/second`, `100 per minute` or `5/10 seconds`,
+    /// separated by `;`, `,` or `|`. Units: `millisecond`, `second`,
+    /// `minute`, `hour`, `day`, `month` (30 days) and `year` (365 days),
+    /// singular or plural, any case (also `ms`, `s`, `sec`, `min`, `h`,
+    /// `hr`, `d`). Like every limit, the text is checked when the table is
+    /// built: an item that cannot be read fails the build, naming it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Rule, Rules};
+    ///
+    /// let rules = Rules::builder()
+    ///     .route("^/api", [Rule::new().limits("10/second; 500 per hour")])
+    ///     .route("^/upload", [Rule::new().limits("5/10 seconds")])
+    ///     .build()?;
+    /// assert_eq!(rules.len(), 2);
+    ///
+    /// let err = Rules::builder()
+    ///     .route("^/api", [Rule::new().limits("10/second; 100/fortnight")])
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), Some("limits[1]"));
+    /// assert!(err.to_string().contains("`100/fortnight`"));
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn limits(mut self, text: impl AsRef<str>) -> Self {
+        self.add_limits(text.as_ref());
+        self
+    }
+
+    fn add_limits(&mut self, text: &str) {
+        if self.notation_error.is_some() {
+            return;
+        }
+        let items: Vec<&str> = text
+            .split([';', ',', '|'])
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .collect();
+        if items.is_empty() {
+            self.notation_error = Some((
+                "limits".to_owned(),
+                format!(
+                    "`{}` holds no limit (leave `limits` out for a rule without limits)",
+                    text.escape_debug()
+                ),
+            ));
+            return;
+        }
+        for (i, item) in items.into_iter().enumerate() {
+            let name = format!("limits[{i}]");
+            match parse_limit(item) {
+                Ok((duration, limit)) => self.windows.push((name, Some(duration), limit)),
+                Err(why) => {
+                    self.notation_error = Some((
+                        name,
+                        format!("cannot read `{}`: {why}", item.escape_debug()),
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
     fn push_raw(&mut self, name: String, duration: Option<Duration>, limit: i64) {
         self.windows.push((name, duration, limit));
     }
@@ -271,6 +340,9 @@ impl Rule {
         &self,
         fail: impl Fn(Option<&str>, ConfigErrorKind) -> ConfigError,
     ) -> Result<Vec<Window>, ConfigError> {
+        if let Some((field, why)) = &self.notation_error {
+            return Err(fail(Some(field), ConfigErrorKind::LimitText(why.clone())));
+        }
         if self.windows.len() > MAX_WINDOWS {
             return Err(fail(None, ConfigErrorKind::TooManyWindows));
         }
@@ -288,6 +360,53 @@ impl Rule {
         windows.sort_by_key(|w| w.micros);
         Ok(windows)
     }
+}
+
+/// One item of a limit text (`10/second`, `100 per minute`,
+/// `5/10 seconds`): its window's length and limit. The limit is returned
+/// as written (a zero or negative one is reported by the window's check,
+/// as for every other limit).
+fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
+    let lower = item.to_ascii_lowercase();
+    let (count, rest) = match lower.split_once('/') {
+        Some((count, rest)) => (count, rest),
+        None => lower
+            .split_once(" per ")
+            .ok_or("expected `<limit>/<unit>` or `<limit> per <unit>`, like `10/second`")?,
+    };
+    let count = count.trim();
+    let limit: i64 = count
+        .parse()
+        .map_err(|_| format!("`{}` is not a whole number", count.escape_debug()))?;
+    let rest = rest.trim();
+    // An optional multiple of the unit: `5/10 seconds`, `5/10seconds`.
+    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let (times, unit) = rest.split_at(digits);
+    let times: u64 =
+        match times {
+            "" => 1,
+            n => n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                format!("`{}` is not a length of window (from 1)", n.escape_debug())
+            })?,
+        };
+    let unit_ms: u64 = match unit.trim() {
+        "ms" | "millisecond" | "milliseconds" => 1,
+        "s" | "sec" | "second" | "seconds" => 1_000,
+        "min" | "minute" | "minutes" => 60_000,
+        "h" | "hr" | "hour" | "hours" => 3_600_000,
+        "d" | "day" | "days" => 86_400_000,
+        "month" | "months" => 30 * 86_400_000,
+        "year" | "years" => 365 * 86_400_000,
+        other => {
+            return Err(format!(
+            "unknown unit `{}` (expected millisecond, second, minute, hour, day, month or year)",
+            other.escape_debug()
+        ))
+        }
+    };
+    // (Past the longest window: the window's check reports it.)
+    let duration = Duration::from_millis(times.saturating_mul(unit_ms));
+    Ok((duration, limit))
 }
 
 /// One route: a path pattern, its rules, and optionally a route-wide limit
@@ -1205,6 +1324,7 @@ struct RawWindows {
     month: Option<i64>,
     #[serde(default)]
     windows: Vec<RawWindow>,
+    limits: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1224,6 +1344,7 @@ struct RawRule {
     month: Option<i64>,
     #[serde(default)]
     windows: Vec<RawWindow>,
+    limits: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1264,6 +1385,9 @@ impl RawWindows {
             };
             rule.push_raw(format!("windows[{i}]"), duration, w.limit);
         }
+        if let Some(text) = self.limits {
+            rule.add_limits(&text);
+        }
     }
 }
 
@@ -1285,6 +1409,7 @@ impl RawRule {
             day: self.day,
             month: self.month,
             windows: self.windows,
+            limits: self.limits,
         };
         limits.add_to(&mut rule);
         rule

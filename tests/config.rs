@@ -400,3 +400,110 @@ fn route_wide_limits_need_windows_and_no_zones() {
         "{err:?}"
     );
 }
+
+#[test]
+fn limit_texts_load_from_code_and_config() {
+    for text in [
+        "10/second",
+        "10 per second; 100/minute",
+        "5/10 seconds, 1000/day | 20/2min",
+        "1/ms;2/SECONDS;3 PER Hour;4/d;5/month;6/year",
+        " 10/second ; ",
+    ] {
+        Rules::builder()
+            .route("^/a", [Rule::new().limits(text)])
+            .build()
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+    let config = Config::from_toml(
+        r#"
+        [[routes]]
+        path = "^/api"
+        rules = [{ group = "free", limits = "10/second; 500 per hour" }, { limits = "100/minute" }]
+        global = { limits = "1000/second" }
+        "#,
+    )
+    .unwrap();
+    assert_eq!(config.rules().len(), 1);
+}
+
+#[test]
+fn unreadable_limit_texts_are_rejected_and_named() {
+    let route = |text: &str| {
+        Rules::builder()
+            .route("^/ok", [Rule::new().second(1)])
+            .route(
+                "^/api",
+                [Rule::new().second(1), Rule::group("g").limits(text)],
+            )
+            .build()
+            .unwrap_err()
+    };
+    for (text, field, says) in [
+        ("10/fortnight", "limits[0]", "unknown unit `fortnight`"),
+        (
+            "5/second; ten/minute",
+            "limits[1]",
+            "`ten` is not a whole number",
+        ),
+        ("10 seconds", "limits[0]", "expected `<limit>/<unit>`"),
+        ("10/0 seconds", "limits[0]", "`0` is not a length of window"),
+        ("", "limits", "holds no limit"),
+        (" ; ,", "limits", "holds no limit"),
+        (
+            "1/second\n; 2/x\n{key}",
+            "limits[1]",
+            "unknown unit `x\\n{key}`",
+        ),
+    ] {
+        let err = route(text);
+        assert!(
+            matches!(err.kind(), ConfigErrorKind::LimitText(_)),
+            "{text:?}: {err}"
+        );
+        assert_eq!(err.route(), Some((1, "^/api")), "{text:?}");
+        assert_eq!(err.rule(), Some((1, "g")), "{text:?}");
+        assert_eq!(err.field(), Some(field), "{text:?}: {err}");
+        let message = err.to_string();
+        assert!(message.contains(says), "{text:?}: {message}");
+        assert!(!message.contains('\n'), "{text:?}: {message}");
+    }
+    // Limits and lengths out of range are the windows' own errors.
+    for (text, field) in [
+        ("0/second", "limits[0]"),
+        ("1/second; -3/minute", "limits[1]"),
+    ] {
+        let err = route(text);
+        assert!(
+            matches!(err.kind(), ConfigErrorKind::InvalidLimit(_)),
+            "{err}"
+        );
+        assert_eq!(err.field(), Some(field));
+    }
+    let err = route("1/11 years");
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::InvalidDuration),
+        "{err}"
+    );
+    // Windows already given another way.
+    let err = Rules::builder()
+        .route(
+            "^/a",
+            [Rule::new().minute(5).limits("10/second; 6 per minute")],
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::DuplicateWindow),
+        "{err}"
+    );
+    assert_eq!(err.field(), Some("limits[1]"));
+    // And from a file, with the route and rule named.
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ limits = \"3/minutes; 2/eon\" }]\n");
+    assert_eq!(
+        err.to_string(),
+        "invalid rate-limit configuration: route #0 `^/a`, rule #0 (group `default`), \
+         field `limits[1]`: cannot read `2/eon`: unknown unit `eon` (expected millisecond, \
+         second, minute, hour, day, month or year)"
+    );
+}

@@ -513,3 +513,51 @@ fn metrics_count_outcomes_and_store_latency() {
         });
     assert_eq!(latencies, Some(2));
 }
+
+#[tokio::test]
+async fn a_limit_text_makes_the_windows_its_builders_make() {
+    let policy = |rule: Rule| async move {
+        let rules = Rules::builder()
+            .route("^/a", [rule])
+            .headers(HeaderMode::Ietf)
+            .build()
+            .unwrap();
+        let reply = App::new(rules, MemoryStore::new()).get("/a", "u").await;
+        reply.header("ratelimit-policy").map(str::to_owned)
+    };
+    let written = policy(Rule::new().limits("2 per second; 5/10 seconds; 100/Minute; 7/2h")).await;
+    let built = policy(
+        Rule::new()
+            .second(2)
+            .per(Duration::from_secs(10), 5)
+            .minute(100)
+            .per(Duration::from_secs(7200), 7),
+    )
+    .await;
+    assert_eq!(written, built);
+    assert_eq!(
+        written.as_deref(),
+        Some(r#""1s";q=2;w=1, "10s";q=5;w=10, "60s";q=100;w=60, "7200s";q=7;w=7200"#)
+    );
+
+    // And it limits as it says: 2 a second, 5 in any 10 seconds.
+    let rules = Rules::from_toml(
+        "[[routes]]\npath = \"^/a\"\nrules = [{ limits = \"2/second; 5/10 seconds\" }]\n",
+    )
+    .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    let mut allowed = Vec::new();
+    for _ in 0..4 {
+        let mut n = 0;
+        for _ in 0..3 {
+            if app.get("/a", "u").await.status == StatusCode::OK {
+                n += 1;
+            }
+        }
+        allowed.push(n);
+        // (Past the second: a request's entry leaves its window a
+        // second after it.)
+        app.advance(Duration::from_millis(1001));
+    }
+    assert_eq!(allowed, [2, 2, 1, 0]);
+}

@@ -14,7 +14,9 @@ use proptest::prelude::*;
 use support::App;
 use tower_ratelimit::clock::{Clock, ManualClock, Timestamp};
 use tower_ratelimit::identity::{Client, ForwardedIp};
-use tower_ratelimit::{key, Check, Config, MemoryStore, Rule, Rules, Store, Window};
+use tower_ratelimit::{
+    key, Check, Config, ConfigErrorKind, MemoryStore, Rule, Rules, Store, Window,
+};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
@@ -41,6 +43,28 @@ proptest! {
         );
         if let Err(e) = Config::from_toml(&text) {
             prop_assert!(!e.to_string().is_empty());
+        }
+    }
+
+    /// Any limit text: a table, or an error on one line naming the rule's
+    /// `limits` field (or the rule, for too many windows), never a panic.
+    #[test]
+    fn limit_texts_never_panic(
+        text in prop_oneof![
+            "\\PC{0,80}",
+            "([0-9 -]{0,12}(/| per )[0-9 ]{0,22}(ms|s|sec|min|hours?|DAY|months?|years?|x|\u{e9}t\u{e9})[;,| \n]{0,2}){1,4}",
+        ],
+    ) {
+        match Rules::builder().route("^/a", [Rule::new().limits(&text)]).build() {
+            Ok(rules) => prop_assert_eq!(rules.len(), 1),
+            Err(e) => {
+                let message = e.to_string();
+                let named = e.field().is_some_and(|f| f.starts_with("limits"))
+                    || matches!(e.kind(), ConfigErrorKind::TooManyWindows);
+                prop_assert!(named, "{}", message);
+                prop_assert_eq!(e.rule(), Some((0, "default")));
+                prop_assert!(!message.contains('\n'), "{}", message);
+            }
         }
     }
 
