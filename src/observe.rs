@@ -10,8 +10,10 @@
 //! Metrics (cargo feature `metrics`, through the `metrics` crate):
 //! `tower_ratelimit_requests_total{outcome}` with outcome `allowed`,
 //! `denied`, `denied_locally`, `shadow_denied`, `fail_open`, `fail_closed`
-//! or `fallback`; `tower_ratelimit_store_errors_total`; and the histogram
-//! `tower_ratelimit_store_latency_seconds`.
+//! or `fallback`; `tower_ratelimit_near_limit_total`, the allowed requests
+//! after which a window had spent at least 80% of its limit (envoy's
+//! near-limit: budgets about to be denied); `tower_ratelimit_store_errors_total`;
+//! and the histogram `tower_ratelimit_store_latency_seconds`.
 
 use std::time::Duration;
 
@@ -65,6 +67,7 @@ mod keys {
     outcome_key!(FAIL_OPEN, FAIL_OPEN_LABELS, "fail_open");
     outcome_key!(FAIL_CLOSED, FAIL_CLOSED_LABELS, "fail_closed");
     outcome_key!(FALLBACK, FALLBACK_LABELS, "fallback");
+    pub(super) static NEAR_LIMIT: Key = Key::from_static_name("tower_ratelimit_near_limit_total");
     pub(super) static STORE_ERRORS: Key =
         Key::from_static_name("tower_ratelimit_store_errors_total");
     pub(super) static STORE_LATENCY: Key =
@@ -136,6 +139,28 @@ fn log_outcome(
         outcome = outcome.as_str(),
         "rate limit budget"
     );
+}
+
+/// The share of a window's limit from which an allowed request counts as
+/// near the limit: 80%, in fifths.
+#[cfg(feature = "metrics")]
+const NEAR_LIMIT_FIFTHS: u64 = 4;
+
+/// Counts an allowed request after which its constraining window (the one
+/// with the fewest requests remaining) has spent at least 80% of its limit.
+#[cfg(feature = "metrics")]
+pub(crate) fn near_limit(decision: &crate::store::Decision) {
+    let Some(state) = decision.constraining() else {
+        return;
+    };
+    let limit = u64::from(state.window().limit());
+    let spent = limit.saturating_sub(u64::from(state.remaining));
+    if spent * 5 >= limit * NEAR_LIMIT_FIFTHS {
+        metrics::with_recorder(|r| {
+            r.register_counter(&keys::NEAR_LIMIT, &keys::METADATA)
+                .increment(1)
+        });
+    }
 }
 
 pub(crate) fn store_latency(latency: Duration) {

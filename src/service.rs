@@ -530,6 +530,8 @@ impl<St: Store, I> Shared<St, I> {
             observe::outcome(&policy.route, checked.budget, outcome, || {
                 (remaining(&decision), checked.latency())
             });
+            #[cfg(feature = "metrics")]
+            observe::near_limit(&decision);
             return Verdict::Pass(Some(headers));
         }
         crate::cold_path();

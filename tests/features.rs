@@ -478,6 +478,12 @@ fn metrics_count_outcomes_and_store_latency() {
             app.get("/a", "u").await;
             store.failing.store(true, Ordering::SeqCst);
             app.get("/a", "v").await;
+            // Near the limit: the 8th, 9th and 10th of 10 a minute (80% spent
+            // and more), not the 7th; the 11th is denied.
+            let near = App::new(one(Rule::new().minute(10).hour(1000)), MemoryStore::new());
+            for _ in 0..11 {
+                near.get("/a", "w").await;
+            }
         });
     });
     let snapshot = snapshotter.snapshot().into_vec();
@@ -496,9 +502,11 @@ fn metrics_count_outcomes_and_store_latency() {
     };
     assert_eq!(
         counter("tower_ratelimit_requests_total", Some("allowed")),
-        1
+        11
     );
-    assert_eq!(counter("tower_ratelimit_requests_total", Some("denied")), 1);
+    assert_eq!(counter("tower_ratelimit_requests_total", Some("denied")), 2);
+    // (And the first app's request, which spent its whole limit of 1.)
+    assert_eq!(counter("tower_ratelimit_near_limit_total", None), 4);
     assert_eq!(
         counter("tower_ratelimit_requests_total", Some("fail_open")),
         1
