@@ -11,7 +11,7 @@
 //!
 //! Every config field reaches the layer: route rules, `global`,
 //! `block_time`, `exclude`, `shadow`, `headers = "x" | "ietf" | "both" |
-//! "none"`.
+//! "none" | "x-windows"`.
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the

@@ -163,8 +163,18 @@ pub(crate) struct RateHeaders {
     reset: u64,
     /// `Retry-After` seconds; 0 for none (a wait is at least 1 s).
     retry_after: u64,
+    /// The headers of the other modes (IETF, per window).
+    extra: Option<Box<Extra>>,
+}
+
+/// Headers beyond the `X-RateLimit-*` three (boxed in [`RateHeaders`], so
+/// that the usual response's future stays small to move).
+#[derive(Clone, Debug)]
+enum Extra {
     /// `RateLimit-Policy` and `RateLimit`.
-    ietf: Option<Box<[HeaderValue; 2]>>,
+    Ietf([HeaderValue; 2]),
+    /// Each window's own limit and remaining ([`HeaderMode::XWindows`]).
+    Windows(Vec<(HeaderName, HeaderValue)>),
 }
 
 impl RateHeaders {
@@ -191,17 +201,22 @@ impl RateHeaders {
             };
         };
         let reset = ceil_secs(decision.reset_after());
-        let limit = matches!(mode, HeaderMode::X | HeaderMode::Both).then(|| {
+        let limit = matches!(
+            mode,
+            HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows
+        )
+        .then(|| {
             policy
                 .limits
                 .get(index)
                 .cloned()
                 .unwrap_or_else(|| number(u64::from(w.window().limit())))
         });
-        let ietf = match (mode, &policy.ietf_policy) {
+        let extra = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
                 ietf_headers(decision, policy, p, reset)
             }
+            (HeaderMode::XWindows, _) => window_headers(decision, policy),
             _ => None,
         };
         Self {
@@ -209,7 +224,7 @@ impl RateHeaders {
             remaining: w.remaining,
             reset,
             retry_after,
-            ietf,
+            extra,
         }
     }
 
@@ -226,28 +241,35 @@ impl RateHeaders {
             remaining,
             reset,
             retry_after,
-            ietf,
+            extra,
         } = self;
         if let Some(limit) = limit {
             headers.insert(X_RATELIMIT_LIMIT, limit);
             headers.insert(X_RATELIMIT_REMAINING, number(u64::from(remaining)));
             headers.insert(X_RATELIMIT_RESET, number(reset));
         }
-        if ietf.is_some() || retry_after > 0 {
-            apply_others(ietf, retry_after, headers);
+        if extra.is_some() || retry_after > 0 {
+            apply_others(extra, retry_after, headers);
         }
     }
 }
 
-/// The IETF headers and `Retry-After` of [`RateHeaders::apply`]. (Out of
-/// line: the common response, allowed with the `X-RateLimit-*` headers,
-/// stays compact in the instruction cache.)
+/// The other modes' headers and `Retry-After` of [`RateHeaders::apply`].
+/// (Out of line: the common response, allowed with the `X-RateLimit-*`
+/// headers, stays compact in the instruction cache.)
 #[inline(never)]
-fn apply_others(ietf: Option<Box<[HeaderValue; 2]>>, retry_after: u64, headers: &mut HeaderMap) {
-    if let Some(ietf) = ietf {
-        let [policy, state] = *ietf;
-        headers.insert(RATELIMIT_POLICY, policy);
-        headers.insert(RATELIMIT, state);
+fn apply_others(extra: Option<Box<Extra>>, retry_after: u64, headers: &mut HeaderMap) {
+    match extra.map(|extra| *extra) {
+        Some(Extra::Ietf([policy, state])) => {
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, state);
+        }
+        Some(Extra::Windows(windows)) => {
+            for (name, value) in windows {
+                headers.insert(name, value);
+            }
+        }
+        None => {}
     }
     if retry_after > 0 {
         headers
@@ -264,9 +286,26 @@ fn ietf_headers(
     policy: &Policy,
     ietf_policy: &HeaderValue,
     reset: u64,
-) -> Option<Box<[HeaderValue; 2]>> {
+) -> Option<Box<Extra>> {
     let value = ietf_ratelimit(decision, policy, reset)?;
-    Some(Box::new([ietf_policy.clone(), value]))
+    Some(Box::new(Extra::Ietf([ietf_policy.clone(), value])))
+}
+
+/// Each window's `X-RateLimit-Limit-<Window>` and
+/// `X-RateLimit-Remaining-<Window>` (out of line, as the IETF headers).
+#[inline(never)]
+fn window_headers(decision: &Decision, policy: &Policy) -> Option<Box<Extra>> {
+    let mut out = Vec::with_capacity(2 * decision.windows().len());
+    for (i, w) in decision.windows().iter().enumerate() {
+        let (Some((limit_name, remaining_name)), Some(limit)) =
+            (policy.window_headers.get(i), policy.limits.get(i))
+        else {
+            continue;
+        };
+        out.push((limit_name.clone(), limit.clone()));
+        out.push((remaining_name.clone(), number(u64::from(w.remaining))));
+    }
+    Some(Box::new(Extra::Windows(out)))
 }
 
 /// `RateLimit`: one item per window with its remaining quota (`r`); the

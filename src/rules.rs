@@ -36,7 +36,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method};
 use regex::RegexSet;
 use regex_automata::{Input, PatternSet};
 use serde::Deserialize;
@@ -503,6 +503,9 @@ pub(crate) struct Policy {
     pub(crate) ietf_policy: Option<HeaderValue>,
     /// `X-RateLimit-Limit` of each window (the user's, then the route's).
     pub(crate) limits: Box<[HeaderValue]>,
+    /// [`HeaderMode::XWindows`]' names of each window's limit and remaining
+    /// headers (the user's, then the route's).
+    pub(crate) window_headers: Box<[(HeaderName, HeaderName)]>,
 }
 
 /// How a policy counts its budget: its algorithm and window lengths. Rules
@@ -532,6 +535,37 @@ pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> S
     } else {
         format!("route-{span}")
     }
+}
+
+/// [`HeaderMode::XWindows`]' header names of each window: the user's
+/// windows, then the route's.
+fn window_headers(windows: &[Window], global: &[Window]) -> Box<[(HeaderName, HeaderName)]> {
+    windows
+        .iter()
+        .chain(global)
+        .enumerate()
+        .filter_map(|(i, w)| {
+            let span = match w.micros() {
+                1_000_000 => "second".to_owned(),
+                60_000_000 => "minute".to_owned(),
+                3_600_000_000 => "hour".to_owned(),
+                86_400_000_000 => "day".to_owned(),
+                2_592_000_000_000 => "month".to_owned(),
+                31_536_000_000_000 => "year".to_owned(),
+                _ => ietf_name(w, 0, 1),
+            };
+            let span = if i < windows.len() {
+                span
+            } else {
+                format!("route-{span}")
+            };
+            // (Always valid: lowercase letters, digits and dashes.)
+            let limit = HeaderName::from_bytes(format!("x-ratelimit-limit-{span}").as_bytes());
+            let remaining =
+                HeaderName::from_bytes(format!("x-ratelimit-remaining-{span}").as_bytes());
+            Some((limit.ok()?, remaining.ok()?))
+        })
+        .collect()
 }
 
 fn ietf_policy(windows: &[Window], global: &[Window]) -> Option<HeaderValue> {
@@ -569,7 +603,8 @@ struct CompiledRoute {
 
 /// Which rate-limit headers responses carry.
 ///
-/// Only the IETF headers show every window's remaining; under the others
+/// Only the IETF and per-window headers show every window's remaining;
+/// under the others
 /// the layer's checks let a store leave uncounted a window that can
 /// neither deny an allowed request nor be the constraining one
 /// ([`Check::exact_windows`](crate::Check::exact_windows): the Redis
@@ -587,6 +622,25 @@ pub enum HeaderMode {
     Both,
     /// No rate-limit headers (a denial still carries `Retry-After`).
     None,
+    /// `X-RateLimit-*`, and for every window its own
+    /// `X-RateLimit-Limit-<Window>` and `X-RateLimit-Remaining-<Window>`,
+    /// as Kong sends them: `-Second`, `-Minute`, `-Hour`, `-Day`, `-Month`
+    /// (30 days), `-Year` (365 days), other lengths as `-10s` or `-250ms`,
+    /// a route-wide window's with `Route-` before (`-Route-Minute`).
+    /// `"x-windows"` in a configuration file.
+    #[serde(rename = "x-windows")]
+    XWindows,
+}
+
+impl HeaderMode {
+    /// Whether the headers show every window's remaining (so every window
+    /// must be counted exactly).
+    pub(crate) fn every_window(self) -> bool {
+        matches!(
+            self,
+            HeaderMode::Ietf | HeaderMode::Both | HeaderMode::XWindows
+        )
+    }
 }
 
 /// A compiled, validated rule table. Cheap to clone.
@@ -1140,6 +1194,7 @@ fn compile_rule(
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             budget: budget.into_boxed_str(),
             ietf_policy: ietf_policy(&windows, route.global.unwrap_or(&[])),
+            window_headers: window_headers(&windows, route.global.unwrap_or(&[])),
             limits,
             windows: windows.into(),
             algorithm: rule.algorithm,
@@ -1162,7 +1217,7 @@ fn compile_rule(
 /// use tower_ratelimit::Config;
 ///
 /// let config = Config::from_toml(r#"
-///     headers = "both"                 # x | ietf | both | none
+///     headers = "both"                 # x | ietf | both | none | x-windows
 ///     shadow = false                   # true: never deny, only log and set headers
 ///
 ///     [exclude]

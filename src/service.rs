@@ -21,7 +21,7 @@ use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
 use crate::layer::{FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
-use crate::rules::{Candidates, HeaderMode, Policy, Rules};
+use crate::rules::{Candidates, Policy, Rules};
 use crate::store::{Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError};
 
 /// Everything the services of one layer share.
@@ -385,8 +385,8 @@ impl<St: Store, I> Shared<St, I> {
                 windows: &g.windows,
             }),
             block: policy.block,
-            // (Only the IETF headers show every window.)
-            exact_windows: matches!(options.headers, HeaderMode::Ietf | HeaderMode::Both),
+            // (Only the IETF and per-window headers show every window.)
+            exact_windows: options.headers.every_window(),
         };
         checked.retry = Some(check);
         // A store that always decides at once and never fails (the memory

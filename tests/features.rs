@@ -569,3 +569,63 @@ async fn a_limit_text_makes_the_windows_its_builders_make() {
     }
     assert_eq!(allowed, [2, 2, 1, 0]);
 }
+
+#[tokio::test]
+async fn per_window_headers_name_every_window_as_kong_does() {
+    let rules = Rules::builder()
+        .add_route(
+            Route::new("^/a")
+                .rules([Rule::new()
+                    .minute(3)
+                    .per(Duration::from_secs(10), 2)
+                    .per(Duration::from_millis(250), 9)
+                    .day(50)])
+                .global(Rule::new().second(100)),
+        )
+        .build()
+        .unwrap();
+    let app = App::with(rules, MemoryStore::new(), |l| {
+        l.headers(HeaderMode::XWindows)
+    });
+    let reply = app.get("/a", "u").await;
+    let expected = [
+        ("x-ratelimit-limit-250ms", "9"),
+        ("x-ratelimit-remaining-250ms", "8"),
+        ("x-ratelimit-limit-10s", "2"),
+        ("x-ratelimit-remaining-10s", "1"),
+        ("x-ratelimit-limit-minute", "3"),
+        ("x-ratelimit-remaining-minute", "2"),
+        ("x-ratelimit-limit-day", "50"),
+        ("x-ratelimit-remaining-day", "49"),
+        ("x-ratelimit-limit-route-second", "100"),
+        ("x-ratelimit-remaining-route-second", "99"),
+        // The constraining window's, as in every mode with them.
+        ("x-ratelimit-limit", "2"),
+        ("x-ratelimit-remaining", "1"),
+        ("x-ratelimit-reset", "10"),
+    ];
+    for (name, value) in expected {
+        assert_eq!(reply.header(name), Some(value), "{name}");
+    }
+    let limited = reply
+        .headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-ratelimit"))
+        .count();
+    assert_eq!(limited, expected.len());
+    assert!(!reply.headers.contains_key("ratelimit"));
+
+    // A denial carries them too; from a file, `headers = "x-windows"`.
+    let rules = Rules::from_toml(
+        "headers = \"x-windows\"\n[[routes]]\npath = \"^/a\"\nrules = [{ limits = \"1/second; 5/year\" }]\n",
+    )
+    .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("x-ratelimit-remaining-second"), Some("0"));
+    assert_eq!(denied.header("x-ratelimit-limit-year"), Some("5"));
+    assert_eq!(denied.header("x-ratelimit-remaining-year"), Some("4"));
+    assert_eq!(denied.header("retry-after"), Some("1"));
+}

@@ -1389,16 +1389,19 @@ async fn a_packed_log_stays_near_its_limit_and_is_written_in_place() {
 /// `X-RateLimit-*` headers): one read per check, where counting every
 /// window exactly (as the IETF headers need) takes two once the 1 s
 /// window's start is older than the entries read with the trailer; and
-/// the `X-RateLimit-*` headers are the same either way.
+/// the `X-RateLimit-*` headers are the same either way. The per-window
+/// headers count every window exactly too.
 #[tokio::test]
 async fn a_window_that_cannot_deny_is_not_searched_for_the_x_headers() {
-    async fn run(mode: HeaderMode) -> (Vec<(StatusCode, u64, u64, u64)>, u64) {
+    type Seen = Vec<(StatusCode, u64, u64, u64)>;
+    async fn run(mode: HeaderMode) -> (Seen, u64, Option<String>) {
         let server = RedisServer::start();
         let store = own_store(&server).await;
         // (The minute window has the fewest remaining: it counts more.)
         let rule = Rule::new().second(10_000).minute(10_000);
         let app = App::with(one_route(rule), store, |l| l.headers(mode));
         let mut seen = Vec::new();
+        let mut second = None;
         // 50 requests a second for 6 s: the 1 s window's oldest entry
         // leaves it before every check after the first second.
         for _ in 0..300 {
@@ -1409,13 +1412,22 @@ async fn a_window_that_cannot_deny_is_not_searched_for_the_x_headers() {
                 reply.number("x-ratelimit-remaining"),
                 reply.number("x-ratelimit-reset"),
             ));
+            second = reply
+                .header("x-ratelimit-remaining-second")
+                .map(str::to_owned);
             app.advance_ms(20);
         }
-        (seen, server.calls("getrange"))
+        (seen, server.calls("getrange"), second)
     }
-    let (x, x_reads) = run(HeaderMode::X).await;
-    let (both, exact_reads) = run(HeaderMode::Both).await;
+    let (x, x_reads, none) = run(HeaderMode::X).await;
+    let (both, exact_reads, _) = run(HeaderMode::Both).await;
+    let (windows, window_reads, second) = run(HeaderMode::XWindows).await;
     assert_eq!(x, both);
+    assert_eq!(x, windows);
+    assert_eq!(none, None);
+    // The last second holds the last 50 requests.
+    assert_eq!(second.as_deref(), Some("9950"));
+    assert!(window_reads >= 500, "{window_reads} GETRANGEs per window");
     // (The oldest entry is 5.98 s old: 54.02 s left, rounded up.)
     assert_eq!(x[299], (StatusCode::OK, 10_000, 10_000 - 300, 55));
     assert!(x_reads <= 300 + 5, "{x_reads} GETRANGEs for 300 checks");
