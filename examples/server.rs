@@ -32,7 +32,9 @@ use clap::{Parser, ValueEnum};
 use http::request::Parts;
 use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, Store};
+use tower_ratelimit::{
+    Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules, Store,
+};
 
 /// The table used without `--config`.
 const DEMO: &str = r#"# API key -> group; other keys are "default"
@@ -83,6 +85,11 @@ pub struct Args {
     /// instead of X-Forwarded-For.
     #[arg(long, requires = "trusted_proxies")]
     rfc7239: bool,
+    /// How often to look at --config for changes, in milliseconds (0:
+    /// never). A changed file is loaded without a restart, as on SIGHUP;
+    /// one with an error is reported and the running table kept.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    reload_check_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -192,15 +199,17 @@ async fn serve<St: Store>(
     mode: FailMode,
     proxies: ForwardedIp,
 ) -> Result<(SocketAddr, Server), Box<dyn std::error::Error>> {
-    let groups = Arc::new(config.groups().clone());
+    let groups = Arc::new(arc_swap::ArcSwap::from_pointee(config.groups().clone()));
     let proxies = Arc::new(if args.rfc7239 {
         proxies.rfc7239()
     } else {
         proxies
     });
-    let layer = RateLimitLayer::new(config.into_rules(), store)
+    let rules = ReloadableRules::new(config.rules().clone());
+    let reloads = reloads(args, rules.clone(), groups.clone());
+    let layer = RateLimitLayer::new(rules, store)
         .fail_mode(mode)
-        .identify(move |head: &Parts| std::future::ready(identify(head, &groups, &proxies)))
+        .identify(move |head: &Parts| std::future::ready(identify(head, &groups.load(), &proxies)))
         // Responses keep axum's own body type: no box per response.
         .same_body();
     let app = Router::new()
@@ -216,7 +225,100 @@ async fn serve<St: Store>(
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .into_future();
-    Ok((addr, Box::pin(server)))
+    // (The reloads end with the server.)
+    Ok((
+        addr,
+        Box::pin(async move {
+            tokio::select! {
+                result = server => result,
+                () = reloads => Ok(()),
+            }
+        }),
+    ))
+}
+
+/// Loads `--config` again on SIGHUP, and whenever its text changes (looked
+/// at every `--reload-check-ms`): the new routes, rules and `[groups]` apply
+/// to the next requests, and budgets carry over where their keys do. A file
+/// that does not load is reported, and the running table kept. (Never ends;
+/// without `--config`, does nothing.)
+fn reloads(
+    args: &Args,
+    rules: ReloadableRules,
+    groups: Arc<arc_swap::ArcSwap<BTreeMap<String, String>>>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let path = args.config.clone();
+    let every = Duration::from_millis(args.reload_check_ms);
+    async move {
+        let Some(path) = path else {
+            return std::future::pending().await;
+        };
+        let mut last = std::fs::read_to_string(&path).ok();
+        #[cfg(unix)]
+        let mut hangups =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        #[cfg(not(unix))]
+        let mut hangups = None;
+        loop {
+            let asked = tokio::select! {
+                () = tick(every) => false,
+                () = hangup(&mut hangups) => true,
+            };
+            let text = match tokio::fs::read_to_string(&path).await {
+                Ok(text) => text,
+                Err(e) => {
+                    if asked {
+                        tracing::warn!(
+                            "cannot read {}: {e}; keeping the running table",
+                            path.display()
+                        );
+                    }
+                    continue;
+                }
+            };
+            if !asked && last.as_deref() == Some(text.as_str()) {
+                continue;
+            }
+            match Config::from_toml(&text) {
+                Ok(config) => {
+                    rules.set(config.rules().clone());
+                    groups.store(Arc::new(config.groups().clone()));
+                    println!(
+                        "reloaded {}: {} routes",
+                        path.display(),
+                        config.rules().len()
+                    );
+                }
+                Err(e) => tracing::warn!("{}: {e}; keeping the running table", path.display()),
+            }
+            last = Some(text);
+        }
+    }
+}
+
+/// Waits `every` (forever for zero: no looking).
+async fn tick(every: Duration) {
+    if every.is_zero() {
+        std::future::pending().await
+    } else {
+        tokio::time::sleep(every).await
+    }
+}
+
+/// The next SIGHUP (forever where there is none).
+#[cfg(unix)]
+async fn hangup(signals: &mut Option<tokio::signal::unix::Signal>) {
+    let Some(signals) = signals else {
+        return std::future::pending().await;
+    };
+    if signals.recv().await.is_none() {
+        std::future::pending().await
+    }
+}
+
+#[cfg(not(unix))]
+async fn hangup(_: &mut Option<()>) {
+    std::future::pending().await
 }
 
 fn identify(

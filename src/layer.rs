@@ -16,7 +16,7 @@ use crate::body::{SameBody, Wrapped};
 use crate::cache::DenialCache;
 use crate::clock::Clock;
 use crate::identity::{ClientIp, Identify, IdentityError};
-use crate::rules::{HeaderMode, Rules};
+use crate::rules::{HeaderMode, Policy, Rules};
 use crate::service::{RateLimit, Shared};
 use crate::store::{Decision, MemoryStore, Store, StoreError};
 
@@ -46,6 +46,134 @@ pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
 /// Default capacity of the local denial cache.
 pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 
+/// A rule table that can be swapped while the layers that read it run: a
+/// configuration reloaded without a restart (as envoy's ratelimit reloads
+/// its YAML). Cheap to clone; every clone is the same table.
+///
+/// A request uses the table that was current when its route was matched,
+/// for its whole decision. Budgets carry over a swap wherever their keys
+/// do: the same route pattern, group (or zone, or method) and algorithm
+/// keep the same budget, so a user who spent 8 of a limit of 10 still has
+/// 2 if the new table keeps that limit, and 12 if it raises it to 20. The
+/// new table's own `headers` and `shadow` apply, unless the layer sets
+/// its own ([`RateLimitLayer::headers`], [`RateLimitLayer::shadow`]).
+///
+/// ```
+/// use axum::{body::Body, Router};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_ratelimit::{identity::Global, MemoryStore, RateLimitLayer, ReloadableRules, Rules};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let table = |limit: u32| Rules::from_toml(&format!(
+///     "[[routes]]\npath = \"^/\"\nrules = [{{ minute = {limit} }}]"
+/// ));
+/// let rules = ReloadableRules::new(table(1)?);
+/// let layer = RateLimitLayer::new(rules.clone(), MemoryStore::new()).identify(Global);
+/// let app = Router::new().fallback(|| async { "hi" }).layer(layer);
+/// let status = |app: Router| async move {
+///     app.oneshot(Request::new(Body::empty())).await.map(|r| r.status())
+/// };
+///
+/// assert_eq!(status(app.clone()).await?, StatusCode::OK);
+/// assert_eq!(status(app.clone()).await?, StatusCode::TOO_MANY_REQUESTS);
+/// // Two a minute from now on: the budget keeps the request it counted.
+/// rules.set(table(2)?);
+/// assert_eq!(status(app.clone()).await?, StatusCode::OK);
+/// assert_eq!(status(app).await?, StatusCode::TOO_MANY_REQUESTS);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct ReloadableRules(Arc<arc_swap::ArcSwap<Rules>>);
+
+impl ReloadableRules {
+    /// A table that starts as `rules`.
+    pub fn new(rules: Rules) -> Self {
+        Self(Arc::new(arc_swap::ArcSwap::from_pointee(rules)))
+    }
+
+    /// Swaps in `rules`: every request matched from now on uses them.
+    /// (Build and check the new table first: [`Rules::from_toml`] or the
+    /// builder fail on a bad one, and the running table stays.)
+    pub fn set(&self, rules: Rules) {
+        self.0.store(Arc::new(rules));
+    }
+
+    /// The current table.
+    pub fn get(&self) -> Rules {
+        Rules::clone(&self.0.load())
+    }
+}
+
+impl fmt::Debug for ReloadableRules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ReloadableRules")
+            .field(&*self.0.load())
+            .finish()
+    }
+}
+
+/// What [`RateLimitLayer::new`] takes: a [`Rules`], fixed for the layer's
+/// life, or a [`ReloadableRules`], which can be swapped while it runs
+/// (made from either with `From`).
+#[derive(Clone, Debug)]
+pub struct RuleSource(Source);
+
+#[derive(Clone, Debug)]
+enum Source {
+    Fixed(Rules),
+    Live(ReloadableRules),
+}
+
+impl From<Rules> for RuleSource {
+    fn from(rules: Rules) -> Self {
+        Self(Source::Fixed(rules))
+    }
+}
+
+impl From<ReloadableRules> for RuleSource {
+    fn from(rules: ReloadableRules) -> Self {
+        Self(Source::Live(rules))
+    }
+}
+
+impl RuleSource {
+    /// The table for one request.
+    #[inline]
+    pub(crate) fn load(&self) -> RulesGuard<'_> {
+        match &self.0 {
+            Source::Fixed(rules) => RulesGuard::Fixed(rules),
+            Source::Live(live) => RulesGuard::Live(live.0.load()),
+        }
+    }
+}
+
+/// A table read for one request (see [`RuleSource::load`]).
+pub(crate) enum RulesGuard<'a> {
+    Fixed(&'a Rules),
+    Live(arc_swap::Guard<Arc<Rules>>),
+}
+
+impl RulesGuard<'_> {
+    /// The same table, owned (for a request that waits).
+    pub(crate) fn owned(&self) -> Rules {
+        Rules::clone(self)
+    }
+}
+
+impl std::ops::Deref for RulesGuard<'_> {
+    type Target = Rules;
+
+    #[inline]
+    fn deref(&self) -> &Rules {
+        match self {
+            RulesGuard::Fixed(rules) => rules,
+            RulesGuard::Live(guard) => guard,
+        }
+    }
+}
+
 /// Rate-limits requests by a [`Rules`] table, keeping budgets in a
 /// [`Store`].
 ///
@@ -69,7 +197,7 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 /// responses, which spares axum a `Box` per response.
 #[must_use]
 pub struct RateLimitLayer<St, I = ClientIp, M = Wrapped> {
-    pub(crate) rules: Rules,
+    pub(crate) rules: RuleSource,
     pub(crate) store: Arc<St>,
     pub(crate) identity: Arc<I>,
     pub(crate) options: Options,
@@ -92,10 +220,26 @@ pub(crate) struct Options {
     pub(crate) on_blocked: Option<Arc<BlockedFn>>,
     pub(crate) on_identity_error: Option<Arc<IdentityErrorFn>>,
     pub(crate) cost: Option<Arc<CostFn>>,
-    pub(crate) shadow: bool,
-    pub(crate) headers: HeaderMode,
+    /// The layer's own `shadow` and `headers`; `None`: the table's.
+    pub(crate) shadow: Option<bool>,
+    pub(crate) headers: Option<HeaderMode>,
     /// Capacity of the local denial cache; 0 turns it off.
     pub(crate) denial_cache: usize,
+}
+
+impl Options {
+    /// The headers `policy`'s responses carry: the layer's, else its table's.
+    #[inline]
+    pub(crate) fn headers_for(&self, policy: &Policy) -> HeaderMode {
+        self.headers.unwrap_or(policy.headers)
+    }
+
+    /// Whether `policy` is in shadow mode: its route's own flag, else the
+    /// layer's, else its table's.
+    #[inline]
+    pub(crate) fn shadow_for(&self, policy: &Policy) -> bool {
+        policy.shadow || self.shadow.unwrap_or(policy.table_shadow)
+    }
 }
 
 impl<St, I, M> Clone for RateLimitLayer<St, I, M> {
@@ -124,11 +268,13 @@ impl<St, I, M> fmt::Debug for RateLimitLayer<St, I, M> {
 }
 
 impl<St: Store> RateLimitLayer<St, ClientIp> {
-    /// A layer enforcing `rules` with budgets kept in `store`, identifying
+    /// A layer enforcing `rules` (a [`Rules`], or a [`ReloadableRules`] to
+    /// swap them while it runs) with budgets kept in `store`, identifying
     /// users by their IP address ([`ClientIp`]) until
     /// [`identify`](Self::identify) says otherwise. Shadow mode and the
-    /// header mode start as the rules say.
-    pub fn new(rules: Rules, store: St) -> Self {
+    /// header mode are the table's unless the layer sets its own.
+    pub fn new(rules: impl Into<RuleSource>, store: St) -> Self {
+        let rules = rules.into();
         let options = Options {
             fail_mode: FailMode::default(),
             clock: None,
@@ -136,8 +282,8 @@ impl<St: Store> RateLimitLayer<St, ClientIp> {
             on_blocked: None,
             on_identity_error: None,
             cost: None,
-            shadow: rules.shadow(),
-            headers: rules.headers(),
+            shadow: None,
+            headers: None,
             denial_cache: DEFAULT_DENIAL_CACHE,
         };
         Self {
@@ -284,13 +430,14 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// deny. Defaults to the rule table's own `shadow`, which this
     /// overrides either way; a route's own `shadow` holds regardless.
     pub fn shadow(mut self, shadow: bool) -> Self {
-        self.options.shadow = shadow;
+        self.options.shadow = Some(shadow);
         self.fresh()
     }
 
-    /// Which rate-limit headers to send.
+    /// Which rate-limit headers to send (default: the table's own,
+    /// [`Rules::headers`]).
     pub fn headers(mut self, mode: HeaderMode) -> Self {
-        self.options.headers = mode;
+        self.options.headers = Some(mode);
         self.fresh()
     }
 

@@ -86,7 +86,7 @@ pub(crate) fn cold_path() {
 
 pub use body::{RateLimitBody, SameBody};
 pub use error::{ConfigError, ConfigErrorKind};
-pub use layer::{FailMode, RateLimitLayer, DEFAULT_DENIAL_CACHE};
+pub use layer::{FailMode, RateLimitLayer, ReloadableRules, RuleSource, DEFAULT_DENIAL_CACHE};
 pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder, Window};
 pub use service::{RateLimit, ResponseFuture};
 pub use store::MemoryStore;

@@ -495,7 +495,13 @@ pub(crate) struct Policy {
     pub(crate) algorithm: Algorithm,
     pub(crate) global: Option<GlobalPolicy>,
     pub(crate) block: Option<Duration>,
+    /// The route's own `shadow`.
     pub(crate) shadow: bool,
+    /// The table's `shadow` and `headers`: the defaults of a layer that
+    /// does not set its own (read per request, so that a table swapped in
+    /// a [`ReloadableRules`](crate::ReloadableRules) brings its own).
+    pub(crate) table_shadow: bool,
+    pub(crate) headers: HeaderMode,
     /// The route's pattern, for logs.
     pub(crate) route: Arc<str>,
     /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10): one
@@ -977,9 +983,12 @@ impl RulesBuilder {
                     id: &route_id,
                     pattern: &pattern,
                     global: global.as_deref(),
-                    // (The table's own flag is the layer's default, which
-                    // the layer may override: see `RateLimitLayer::shadow`.)
                     shadow: route.shadow,
+                    // (The table's own settings are the layer's defaults,
+                    // which the layer may override: see
+                    // `RateLimitLayer::shadow` and `headers`.)
+                    table_shadow: self.shadow,
+                    headers: self.headers,
                 };
                 let rule_at = at.clone();
                 compiled.push(compile_rule(rule, at, &context, &compiled)?);
@@ -1097,6 +1106,9 @@ struct RouteContext<'a> {
     pattern: &'a Arc<str>,
     global: Option<&'a [Window]>,
     shadow: bool,
+    /// The table's own `shadow` and `headers`.
+    table_shadow: bool,
+    headers: HeaderMode,
 }
 
 /// Rules of one route that share a budget key (the route's, or the route's
@@ -1201,6 +1213,8 @@ fn compile_rule(
             global,
             block: rule.block_time,
             shadow: route.shadow,
+            table_shadow: route.table_shadow,
+            headers: route.headers,
             route: route.pattern.clone(),
         }))
     };

@@ -19,6 +19,7 @@ use crate::body::{BodyMode, Wrapped};
 use crate::decision::{self, GrpcStatus, RateHeaders};
 use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
+use crate::layer::RuleSource;
 use crate::layer::{FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
 use crate::rules::{Candidates, Policy, Rules};
@@ -26,7 +27,7 @@ use crate::store::{Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, Sto
 
 /// Everything the services of one layer share.
 pub(crate) struct Shared<St, I> {
-    pub(crate) rules: Rules,
+    pub(crate) rules: RuleSource,
     pub(crate) store: Arc<St>,
     pub(crate) identity: Arc<I>,
     pub(crate) options: Options,
@@ -130,10 +131,11 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let candidates = shared
-            .rules
-            .candidates(request.method(), request.uri().path());
+        // (One table for the whole decision, even if a reload swaps it.)
+        let rules = shared.rules.load();
+        let candidates = rules.candidates(request.method(), request.uri().path());
         let Some(candidates) = candidates else {
+            drop(rules);
             return self.unmatched(request);
         };
         let (head, body) = request.into_parts();
@@ -141,9 +143,13 @@ where
         // built-ins, the memory store, the denial cache) decide right here,
         // and the ready inner service is called directly.
         let verdict = match shared.identity.identify_now(&head) {
-            Some(identity) => shared.on_identity(&head, &candidates, identity),
-            None => return self.identifying(head, body, candidates),
+            Some(identity) => shared.on_identity(&rules, &head, &candidates, identity),
+            None => {
+                let rules = rules.owned();
+                return self.identifying(head, body, candidates, rules);
+            }
         };
+        drop(rules);
         match verdict {
             Verdict::Pass(headers) => {
                 let fut = self.inner.call(Request::from_parts(head, body));
@@ -183,12 +189,14 @@ where
         head: Parts,
         body: ReqBody,
         candidates: Candidates,
+        rules: Rules,
     ) -> ResponseFuture<S, ReqBody, St, I, M>
     where
         S: Service<Request<ReqBody>> + Clone,
     {
         let fut = self.shared.identity.identify(&head);
-        let pending = self.pending(head, body, candidates);
+        let mut pending = self.pending(head, body, candidates);
+        pending.rules = Some(rules);
         ResponseFuture::new(State::Identifying {
             fut,
             pending: Some(pending),
@@ -246,6 +254,7 @@ impl<S: Clone, St, I, M> RateLimit<S, St, I, M> {
             head,
             body,
             candidates,
+            rules: None,
             shared: self.shared.clone(),
             held: None,
         })
@@ -258,6 +267,9 @@ struct Pending<S, B, St, I> {
     head: Parts,
     body: B,
     candidates: Candidates,
+    /// The table `candidates` were matched in, while the identity is
+    /// decided.
+    rules: Option<Rules>,
     shared: Arc<Shared<St, I>>,
     /// Set once a rule applies and the store is asked.
     held: Option<Held>,
@@ -342,6 +354,7 @@ impl<St: Store, I> Shared<St, I> {
     /// decides at once this time, or asks the store.
     fn on_identity(
         &self,
+        rules: &Rules,
         head: &Parts,
         candidates: &Candidates,
         identity: Result<Identity, IdentityError>,
@@ -350,9 +363,7 @@ impl<St: Store, I> Shared<St, I> {
             Ok(identity) => identity,
             Err(error) => return self.identity_failed(head, &error),
         };
-        let rule = self
-            .rules
-            .select(candidates, identity.group(), &head.method);
+        let rule = rules.select(candidates, identity.group(), &head.method);
         let Some(policy) = rule.and_then(|rule| rule.policy.as_ref()) else {
             return Verdict::Pass(None);
         };
@@ -386,7 +397,7 @@ impl<St: Store, I> Shared<St, I> {
             }),
             block: policy.block,
             // (Only the IETF and per-window headers show every window.)
-            exact_windows: options.headers.every_window(),
+            exact_windows: options.headers_for(policy).every_window(),
         };
         checked.retry = Some(check);
         // A store that always decides at once and never fails (the memory
@@ -415,7 +426,7 @@ impl<St: Store, I> Shared<St, I> {
         head: &Parts,
         check: CheckRef<'a>,
     ) -> Verdict<St::Future> {
-        let shadow = policy.shadow || self.options.shadow;
+        let shadow = self.options.shadow_for(policy);
         let cache = self.state.denials.as_ref().filter(|c| !c.is_empty());
         if let (false, Some(cache)) = (shadow, cache) {
             if let Some(denied) = cache.get(checked.budget, policy.id, checked.cost, self.now()) {
@@ -520,7 +531,7 @@ impl<St: Store, I> Shared<St, I> {
             Err(error) => return self.store_failed(checked, request, &error),
         };
         let policy = checked.policy;
-        let headers = RateHeaders::new(&decision, policy, options.headers);
+        let headers = RateHeaders::new(&decision, policy, options.headers_for(policy));
         if decision.allowed() {
             let outcome = if via == Outcome::Fallback {
                 via
@@ -600,7 +611,7 @@ impl<St: Store, I> Shared<St, I> {
     ) -> Verdict<St::Future> {
         let options = &self.options;
         let policy = checked.policy;
-        if policy.shadow || options.shadow {
+        if options.shadow_for(policy) {
             observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
                 (remaining(&decision), checked.latency())
             });
@@ -733,9 +744,15 @@ where
     St: Store,
     I: Identify,
 {
-    let verdict = pending
-        .shared
-        .on_identity(&pending.head, &pending.candidates, identity);
+    let verdict = match &pending.rules {
+        Some(rules) => {
+            pending
+                .shared
+                .on_identity(rules, &pending.head, &pending.candidates, identity)
+        }
+        // (Never: an identity is awaited only with its table.)
+        None => Verdict::Pass(None),
+    };
     next_state(verdict, pending)
 }
 

@@ -396,3 +396,93 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     ])
     .is_err());
 }
+
+/// Waits (at most 5 s) until a fresh user's limit on `/a` reads `limit`:
+/// the reloaded table is in place.
+async fn until_limit(addr: SocketAddr, limit: &str) {
+    static FRESH: AtomicUsize = AtomicUsize::new(0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let user = format!("fresh-{}", FRESH.fetch_add(1, Ordering::Relaxed));
+        let answer = get(addr, "/a", &[("x-api-key", user.as_str())]).await;
+        if answer.header("x-ratelimit-limit") == Some(limit) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "limit {:?}, not {limit}, after 5 s",
+            answer.header("x-ratelimit-limit")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `--config` is loaded again when its text changes: the new limits and
+/// `[groups]` apply to the next requests, budgets carry over, and a file
+/// that does not load leaves the running table in place.
+#[tokio::test]
+async fn a_changed_config_file_is_reloaded_without_a_restart() {
+    let file = config_file(MINUTE_TABLE);
+    let addr = demo(&["--config", file.path(), "--reload-check-ms", "20"]).await;
+    let k1 = [("x-api-key", "k1")];
+    assert_eq!(get(addr, "/a", &k1).await.status, 200);
+    assert_eq!(get(addr, "/a", &k1).await.status, 200);
+    assert_eq!(get(addr, "/a", &k1).await.status, 429);
+
+    std::fs::write(
+        file.path(),
+        "[groups]\n\"gold-key\" = \"gold\"\n\n[[routes]]\npath = \"^/a\"\n\
+         rules = [{ minute = 3 }, { group = \"gold\", minute = 10 }]\n",
+    )
+    .unwrap();
+    until_limit(addr, "3").await;
+    // k1 spent 2 of its budget, which the new table keeps: one more.
+    let answer = get(addr, "/a", &k1).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(get(addr, "/a", &k1).await.status, 429);
+    // The new [groups]: gold-key is in group gold, admin-key no more admin.
+    let gold = get(addr, "/a", &[("x-api-key", "gold-key")]).await;
+    assert_eq!(gold.header("x-ratelimit-limit"), Some("10"));
+    let admin = get(addr, "/a", &[("x-api-key", "admin-key")]).await;
+    assert_eq!(admin.header("x-ratelimit-limit"), Some("3"));
+
+    // A broken file: reported, and the running table kept (given 15
+    // looks at it), until a good one comes.
+    std::fs::write(
+        file.path(),
+        "[[routes]]\npath = \"^/a(\"\nrules = [{ minute = 4 }]\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = get(addr, "/a", &[("x-api-key", "after-broken")]).await;
+    assert_eq!(answer.header("x-ratelimit-limit"), Some("3"));
+    std::fs::write(
+        file.path(),
+        "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 4 }]\n",
+    )
+    .unwrap();
+    until_limit(addr, "4").await;
+}
+
+/// SIGHUP loads `--config` again at once (here with no looking at the file
+/// in between).
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_reloads_the_config_file() {
+    let file = config_file(MINUTE_TABLE);
+    let addr = demo(&["--config", file.path(), "--reload-check-ms", "0"]).await;
+    until_limit(addr, "2").await;
+    std::fs::write(
+        file.path(),
+        "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 7 }]\n",
+    )
+    .unwrap();
+    // (Every demo server of this test binary reloads its own file.)
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    until_limit(addr, "7").await;
+}

@@ -629,3 +629,101 @@ async fn per_window_headers_name_every_window_as_kong_does() {
     assert_eq!(denied.header("x-ratelimit-remaining-year"), Some("4"));
     assert_eq!(denied.header("retry-after"), Some("1"));
 }
+
+/// A table swapped in a `ReloadableRules` applies from the next request,
+/// with its own header mode and shadow flag, budgets carrying over; a
+/// request whose identity is still being decided finishes on the table its
+/// route was matched in.
+#[tokio::test]
+async fn a_reloaded_table_applies_from_the_next_request() {
+    use tower::ServiceExt;
+    use tower_ratelimit::ReloadableRules;
+
+    let table = |limit: u32| Rules::builder().route("^/a", [Rule::new().minute(limit)]);
+    let rules = ReloadableRules::new(table(1).build().unwrap());
+    let clock = tower_ratelimit::clock::ManualClock::new(
+        tower_ratelimit::clock::Timestamp::from_micros(support::START),
+    );
+    // (An identity decided asynchronously, which waits for `gate` when the
+    // request says so.)
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let waiting = Arc::new(AtomicBool::new(false));
+    let layer = {
+        let (gate, waiting) = (gate.clone(), waiting.clone());
+        tower_ratelimit::RateLimitLayer::new(rules.clone(), MemoryStore::new())
+            .clock(clock)
+            .identify(move |head: &http::request::Parts| {
+                let user = head.headers.get("x-user").cloned();
+                let hold = head.headers.contains_key("x-hold");
+                let (gate, waiting) = (gate.clone(), waiting.clone());
+                async move {
+                    if hold {
+                        waiting.store(true, Ordering::SeqCst);
+                        gate.notified().await;
+                    }
+                    let user = user
+                        .ok_or_else(|| tower_ratelimit::identity::IdentityError::new("x-user"))?;
+                    Ok(tower_ratelimit::identity::Identity::new(
+                        user.as_bytes().to_vec(),
+                    ))
+                }
+            })
+    };
+    let router = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
+    let send = |user: &str, hold: bool| {
+        let mut request = Request::get("/a").header("x-user", user);
+        if hold {
+            request = request.header("x-hold", "1");
+        }
+        router.clone().oneshot(request.body(Body::empty()).unwrap())
+    };
+
+    assert_eq!(send("u", false).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        send("u", false).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // A request held in its identity while the table changes.
+    let held = tokio::spawn(send("v", true));
+    while !waiting.load(Ordering::SeqCst) {
+        tokio::task::yield_now().await;
+    }
+    rules.set(table(3).headers(HeaderMode::Ietf).build().unwrap());
+    gate.notify_one();
+    let held = held.await.unwrap().unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(
+        held.headers()["x-ratelimit-limit"],
+        "1",
+        "the table it was matched in"
+    );
+
+    // The next requests: the new limit and headers; u's budget kept its 1.
+    let next = send("u", false).await.unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
+    assert!(!next.headers().contains_key("x-ratelimit-limit"));
+    assert_eq!(next.headers()["ratelimit"], r#""60s";r=1;t=60"#);
+    assert_eq!(send("u", false).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        send("u", false).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // A table in shadow mode lets the denial through; one without the route
+    // limits nothing.
+    rules.set(table(3).shadow(true).build().unwrap());
+    let shadowed = send("u", false).await.unwrap();
+    assert_eq!(shadowed.status(), StatusCode::OK);
+    assert_eq!(shadowed.headers()["x-ratelimit-remaining"], "0");
+    rules.set(
+        Rules::builder()
+            .route("^/b", [Rule::new().minute(1)])
+            .build()
+            .unwrap(),
+    );
+    let free = send("u", false).await.unwrap();
+    assert_eq!(free.status(), StatusCode::OK);
+    assert!(!free.headers().contains_key("x-ratelimit-remaining"));
+    assert_eq!(rules.get().len(), 1);
+}
