@@ -69,6 +69,19 @@ pub struct Args {
     /// Keep budgets in this Redis Cluster (comma-separated seed nodes).
     #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
     redis_cluster: Option<Vec<String>>,
+    /// Keep budgets in the Redis master these sentinels watch
+    /// (comma-separated sentinel URLs), following it through failovers.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',',
+          conflicts_with_all = ["redis", "redis_cluster"])]
+    redis_sentinel: Option<Vec<String>>,
+    /// The name the sentinels know the master by.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "mymaster",
+        requires = "redis_sentinel"
+    )]
+    sentinel_master: String,
     /// What to do when the store fails (fallback: limit in memory until the
     /// store answers again).
     #[arg(long, value_enum, default_value_t = Mode::Open)]
@@ -177,6 +190,18 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .build()
             .await?;
         println!("store: redis {url}");
+        serve(&args, config, store, mode, proxies).await
+    } else if let Some(urls) = &args.redis_sentinel {
+        let store = RedisStore::builder()
+            .sentinel(urls.clone(), args.sentinel_master.clone())
+            .timeout(timeout)
+            .build()
+            .await?;
+        println!(
+            "store: redis master `{}` through sentinels {}",
+            args.sentinel_master,
+            urls.join(",")
+        );
         serve(&args, config, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_cluster {
         let store = RedisStore::builder()

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use support::redis_server::{RedisCluster, RedisServer};
+use support::redis_server::{RedisCluster, RedisSentinels, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One HTTP response, read whole.
@@ -267,6 +267,31 @@ async fn two_replicas_on_a_cluster_share_each_budget() {
     assert!(used >= 2, "{used} of 3 masters ran a check");
 }
 
+/// The same on the master Redis Sentinel watches, through
+/// `--redis-sentinel` (and `--sentinel-master`, its default name here).
+#[tokio::test]
+async fn two_replicas_through_sentinel_share_each_budget() {
+    let set = RedisSentinels::start();
+    let file = config_file(MINUTE_TABLE);
+    let url = set.sentinel_url();
+    let flags = [
+        "--config",
+        file.path(),
+        "--redis-sentinel",
+        url.as_str(),
+        "--sentinel-master",
+        "mymaster",
+    ];
+    let replicas = [demo(&flags).await, demo(&flags[..4]).await];
+    let key = [("x-api-key", "ivan")];
+    assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
+    assert_eq!(get(replicas[1], "/a", &key).await.status, 200);
+    assert_eq!(get(replicas[0], "/a", &key).await.status, 429);
+    assert_eq!(get(replicas[1], "/a", &key).await.status, 429);
+    assert!(set.master.calls("evalsha") >= 2, "checked on the master");
+    assert_eq!(set.replica.calls("evalsha"), 0);
+}
+
 /// A Redis that never answers: each fail mode, well within a second.
 #[tokio::test]
 async fn the_fail_modes_against_a_redis_that_is_down() {
@@ -387,6 +412,15 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     assert!(example::Args::try_parse_from(["server", "--timeout-ms", "0"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--fail-mode", "sideways"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--rfc7239"]).is_err());
+    assert!(example::Args::try_parse_from(["server", "--sentinel-master", "m"]).is_err());
+    assert!(example::Args::try_parse_from([
+        "server",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--redis-sentinel",
+        "redis://127.0.0.1:2"
+    ])
+    .is_err());
     assert!(example::Args::try_parse_from([
         "server",
         "--redis",

@@ -1738,3 +1738,60 @@ async fn three_timeouts_drop_the_connection_and_later_checks_fail_fast() {
         started.elapsed()
     );
 }
+
+/// Through Redis Sentinel: checks go to the master the sentinel names;
+/// after a failover, a connection to the old master is dropped when it
+/// fails (the old master died) or answers `READONLY` (it was demoted), and
+/// the next one goes to the new master, where the budgets are (replicated).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_follows_the_master_through_failovers() {
+    use support::redis_server::RedisSentinels;
+    for old_master_dies in [false, true] {
+        let mut set = RedisSentinels::start();
+        let store = RedisStore::builder()
+            .sentinel([set.sentinel_url()], "mymaster")
+            .prefix("s")
+            .timeout(TEST_TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        let app = App::new(one_route(Rule::new().minute(3)), store);
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        assert_eq!(keys(set.master.port, "s").len(), 1, "written on the master");
+
+        set.failover();
+        if old_master_dies {
+            set.master.kill();
+        } else {
+            // (What the sentinel does to the old master once it sees it.)
+            let new_master = set.replica.port.to_string();
+            assert_eq!(
+                set.master.cli(&["replicaof", "127.0.0.1", &new_master]),
+                "OK"
+            );
+        }
+        // Checks fail (fail open: no headers) until the store has
+        // reconnected, through the sentinel, to the new master.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut probe = 0;
+        loop {
+            probe += 1;
+            let reply = app.get("/a", &format!("probe-{probe}")).await;
+            assert_eq!(reply.status, StatusCode::OK);
+            if reply.header("x-ratelimit-limit").is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no check succeeded in 10 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // u's two requests were replicated: one left.
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        let user_keys = keys(set.replica.port, "s");
+        assert!(user_keys.len() >= 2, "on the new master: {user_keys:?}");
+    }
+}

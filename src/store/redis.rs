@@ -951,6 +951,12 @@ async fn run_batch<C: ConnectionLike + Clone>(
     let mut health = None;
     let mut out = Vec::with_capacity(pipe.len());
     for (reply, answer) in replies.into_iter().zip(answers) {
+        // (A replica's answer: the connection is to be remade.)
+        if let Err(e) = &reply {
+            if read_only(e) {
+                health.get_or_insert_with(|| e.clone());
+            }
+        }
         match answer {
             Answer::One(_) => out.push(reply.and_then(bulk)),
             Answer::Many(jobs) => match reply {
@@ -1386,12 +1392,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     }
 }
 
-/// Errors after which a connection cannot be trusted any more.
+/// Errors after which a connection cannot be trusted any more; among them
+/// `READONLY`: the server is (now) a replica, a master demoted by a failover,
+/// and a new connection finds the new master (through Sentinel, or behind
+/// the same address).
 fn broken(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || read_only(e)
+}
+
+fn read_only(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 fn store_error(e: RedisError) -> StoreError {
@@ -1420,6 +1434,10 @@ fn config_error(message: impl Into<String>) -> StoreError {
 enum Target {
     Url(String),
     Cluster(Vec<String>),
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
     Pool(deadpool_redis::Pool),
     ClusterPool(deadpool_redis::cluster::Pool),
 }
@@ -1926,6 +1944,37 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// A master watched by Redis Sentinel: `sentinels` are the sentinels'
+    /// addresses (`redis://127.0.0.1:26379`), `service` the name they know
+    /// the master by (`mymaster`). Every connection is made to the master
+    /// they name at that moment, and one to a master that was demoted is
+    /// dropped at its first `READONLY` answer, so after a failover the store
+    /// follows the new master within one reconnect (its checks meanwhile
+    /// fail, and the layer's fail mode applies). One multiplexed
+    /// connection, as with [`url`](Self::url).
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::store::redis::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_ratelimit::StoreError> {
+    /// let store = RedisStore::builder()
+    ///     .sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "mymaster")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn sentinel<U: Into<String>>(
+        mut self,
+        sentinels: impl IntoIterator<Item = U>,
+        service: impl Into<String>,
+    ) -> Self {
+        self.target = Some(Target::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            service: service.into(),
+        });
+        self
+    }
+
     /// A `deadpool-redis` pool owned by the caller.
     ///
     /// The store checks one connection out of it when built and keeps it
@@ -2044,6 +2093,48 @@ impl RedisStoreBuilder {
                 });
                 Backend::Direct(
                     Lazy::launch(connect, true, scripts.clone(), load_timeout, "redis").await,
+                )
+            }
+            Some(Target::Sentinel { sentinels, service }) => {
+                use redis::sentinel::{SentinelClient, SentinelServerType};
+                let client = SentinelClient::build(
+                    sentinels.iter().map(String::as_str).collect(),
+                    service.clone(),
+                    None,
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| config_error(format!("invalid redis sentinel setup: {e}")))?;
+                // (Asking the sentinels takes the client mutably.)
+                let client = Arc::new(tokio::sync::Mutex::new(client));
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(response_timeout));
+                let connect: Connect<MultiplexedConnection> = Box::new(move || {
+                    let client = client.clone();
+                    let config = config.clone();
+                    Box::pin(async move {
+                        // (The sentinels' answers have no timeout of their
+                        // own: the whole connection is bounded.)
+                        let connect = async {
+                            client
+                                .lock()
+                                .await
+                                .get_async_connection_with_config(&config)
+                                .await
+                        };
+                        tokio::time::timeout(connect_timeout.saturating_mul(4), connect)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(io_error(
+                                    std::io::ErrorKind::TimedOut,
+                                    "connecting through the sentinels timed out".to_owned(),
+                                ))
+                            })
+                    })
+                });
+                let what = format!("redis master `{service}` (through its sentinels)");
+                Backend::Direct(
+                    Lazy::launch(connect, true, scripts.clone(), load_timeout, &what).await,
                 )
             }
             Some(Target::Cluster(urls)) => {

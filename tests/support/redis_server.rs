@@ -22,6 +22,9 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
+    /// Arguments before the others (a sentinel's config file and
+    /// `--sentinel`).
+    first: Vec<String>,
 }
 
 /// A port that is free, and whose cluster-bus twin (+10000) is free too.
@@ -67,6 +70,7 @@ impl RedisServer {
             child: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            first: Vec::new(),
         };
         // A port can be taken between choosing and binding: try a few.
         for _ in 0..5 {
@@ -79,8 +83,14 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
+        if let Some(config) = self.first.first() {
+            // (A sentinel rewrites its config: one written afresh per try.)
+            let text = std::fs::read_to_string(format!("{config}.in")).unwrap();
+            std::fs::write(config, text).unwrap();
+        }
         let mut command = Command::new("redis-server");
         command
+            .args(&self.first)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .args(["--dir", self.dir.to_str().unwrap()])
@@ -233,6 +243,114 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A master, one replica and one sentinel watching them as `mymaster`
+/// (quorum 1), each on free ports.
+#[allow(dead_code)]
+pub struct RedisSentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinel: RedisServer,
+}
+
+#[allow(dead_code)]
+impl RedisSentinels {
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tower-ratelimit-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            dir.join("sentinel.conf.in"),
+            format!(
+                "sentinel monitor mymaster 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 5000\n",
+                master.port
+            ),
+        )
+        .unwrap();
+        let mut sentinel = RedisServer {
+            port: 0,
+            child: None,
+            dir,
+            extra: Vec::new(),
+            first: vec![
+                config.to_string_lossy().into_owned(),
+                "--sentinel".to_owned(),
+            ],
+        };
+        let started = (0..5).any(|_| {
+            sentinel.port = free_port();
+            sentinel.spawn()
+        });
+        assert!(
+            started,
+            "redis-sentinel did not start; log:\n{}",
+            sentinel.log()
+        );
+        let set = Self {
+            master,
+            replica,
+            sentinel,
+        };
+        // A failover needs a replica the sentinel knows, in sync.
+        set.until("the sentinel to know the replica", || {
+            set.sentinel
+                .cli(&["sentinel", "replicas", "mymaster"])
+                .contains(&set.replica.port.to_string())
+                && set
+                    .replica
+                    .cli(&["info", "replication"])
+                    .contains("master_link_status:up")
+        });
+        set
+    }
+
+    fn until(&self, what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "waited 20 s for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn sentinel_url(&self) -> String {
+        self.sentinel.url()
+    }
+
+    /// The port the sentinel names as the master's.
+    pub fn master_port(&self) -> u16 {
+        let answer = self
+            .sentinel
+            .cli(&["sentinel", "get-master-addr-by-name", "mymaster"]);
+        answer
+            .lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Promotes the replica (`SENTINEL FAILOVER`), once it has every write
+    /// of the master, and waits until the sentinel names it and it acts as
+    /// a master. The old master keeps running, still a master until the
+    /// sentinel reconfigures it.
+    pub fn failover(&self) {
+        let synced: String = self.master.cli(&["wait", "1", "5000"]);
+        assert_eq!(synced, "1", "the replica has the master's writes");
+        assert_eq!(
+            self.sentinel.cli(&["sentinel", "failover", "mymaster"]),
+            "OK"
+        );
+        self.until("the replica to be promoted", || {
+            self.master_port() == self.replica.port
+                && self.replica.cli(&["role"]).starts_with("master")
+        });
     }
 }
 
