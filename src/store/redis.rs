@@ -34,6 +34,9 @@
 //!   several slots gets them one command each from then on; behind a
 //!   proxy that shards keys and routes a call by its first key, set
 //!   [`RedisStoreBuilder::combine_checks`] off.
+//! - [`RedisStoreBuilder::sentinel`]: the same connection, made to the
+//!   master that Redis Sentinel names, and made again (to the new master)
+//!   when the one it has breaks or answers `READONLY` after a failover.
 //! - [`RedisStoreBuilder::cluster`]: Redis Cluster through redis-rs' async
 //!   cluster client, with response and connection timeouts set.
 //! - [`RedisStoreBuilder::pool`] / [`RedisStoreBuilder::cluster_pool`]: a
@@ -572,7 +575,8 @@ const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Connect<C> = Box<dyn Fn() -> BoxFuture<RedisResult<C>> + Send + Sync>;
 
-/// A store kept in Redis or Redis Cluster; clones share one connection.
+/// A store kept in Redis (standalone, Cluster or Sentinel); clones share one
+/// connection.
 ///
 /// ```no_run
 /// use std::time::Duration;
