@@ -99,8 +99,9 @@ pub struct Args {
     #[arg(long, requires = "trusted_proxies")]
     rfc7239: bool,
     /// How often to look at --config for changes, in milliseconds (0:
-    /// never). A changed file is loaded without a restart, as on SIGHUP;
-    /// one with an error is reported and the running table kept.
+    /// never). A changed file is loaded without a restart once two looks
+    /// in a row read the same text, and at once on SIGHUP; one with an
+    /// error is reported and the running table kept.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     reload_check_ms: u64,
 }
@@ -274,16 +275,24 @@ fn reloads(
 ) -> impl Future<Output = ()> + Send + 'static {
     let path = args.config.clone();
     let every = Duration::from_millis(args.reload_check_ms);
+    // (SIGHUP is taken over now, before the server answers anything: a
+    // hang-up from then on reloads, never ends the process.)
+    #[cfg(unix)]
+    let mut hangups = path.as_ref().and_then(|_| {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| tracing::warn!("cannot catch SIGHUP: {e}"))
+            .ok()
+    });
+    #[cfg(not(unix))]
+    let mut hangups = None;
     async move {
         let Some(path) = path else {
             return std::future::pending().await;
         };
         let mut last = std::fs::read_to_string(&path).ok();
-        #[cfg(unix)]
-        let mut hangups =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        #[cfg(not(unix))]
-        let mut hangups = None;
+        // A changed text is loaded once two looks in a row read it: a file
+        // being written (truncated, then filled) is not taken half-way.
+        let mut seen: Option<String> = None;
         loop {
             let asked = tokio::select! {
                 () = tick(every) => false,
@@ -301,13 +310,23 @@ fn reloads(
                     continue;
                 }
             };
-            if !asked && last.as_deref() == Some(text.as_str()) {
-                continue;
+            if !asked {
+                if last.as_deref() == Some(text.as_str()) {
+                    seen = None;
+                    continue;
+                }
+                if seen.as_deref() != Some(text.as_str()) {
+                    seen = Some(text);
+                    continue;
+                }
             }
+            seen = None;
             match Config::from_toml(&text) {
                 Ok(config) => {
-                    rules.set(config.rules().clone());
+                    // (Two swaps: one request between them may read the
+                    // new groups with the old rules.)
                     groups.store(Arc::new(config.groups().clone()));
+                    rules.set(config.rules().clone());
                     println!(
                         "reloaded {}: {} routes",
                         path.display(),

@@ -297,7 +297,7 @@ fn ietf_headers(
 fn window_headers(decision: &Decision, policy: &Policy) -> Option<Box<Extra>> {
     let mut out = Vec::with_capacity(2 * decision.windows().len());
     for (i, w) in decision.windows().iter().enumerate() {
-        let (Some((limit_name, remaining_name)), Some(limit)) =
+        let (Some(Some((limit_name, remaining_name))), Some(limit)) =
             (policy.window_headers.get(i), policy.limits.get(i))
         else {
             continue;

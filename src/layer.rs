@@ -51,10 +51,13 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 /// its YAML). Cheap to clone; every clone is the same table.
 ///
 /// A request uses the table that was current when its route was matched,
-/// for its whole decision. Budgets carry over a swap wherever their keys
-/// do: the same route pattern, group (or zone, or method) and algorithm
-/// keep the same budget, so a user who spent 8 of a limit of 10 still has
-/// 2 if the new table keeps that limit, and 12 if it raises it to 20. The
+/// for its whole decision. Budgets carry over a swap when a rule keeps its
+/// route pattern, zone or method, algorithm and window lengths (and its
+/// route the shape of its rules): with the sliding log, a user who spent
+/// 8 of a limit of 10 still has 2 if the new table keeps that limit, and
+/// 12 if it raises it to 20 (the counter algorithms carry their own state
+/// over; a token bucket's refill rate follows the new limit). A rule whose
+/// window lengths or algorithm change starts its budget afresh. The
 /// new table's own `headers` and `shadow` apply, unless the layer sets
 /// its own ([`RateLimitLayer::headers`], [`RateLimitLayer::shadow`]).
 ///
@@ -156,9 +159,14 @@ pub(crate) enum RulesGuard<'a> {
 }
 
 impl RulesGuard<'_> {
-    /// The same table, owned (for a request that waits).
-    pub(crate) fn owned(&self) -> Rules {
-        Rules::clone(self)
+    /// The same table, owned, for a request that waits, if it can change
+    /// meanwhile (a fixed one is read again: no reference count for every
+    /// core's requests to share).
+    pub(crate) fn owned(&self) -> Option<Rules> {
+        match self {
+            RulesGuard::Fixed(_) => None,
+            RulesGuard::Live(guard) => Some(Rules::clone(guard)),
+        }
     }
 }
 

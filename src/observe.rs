@@ -146,16 +146,16 @@ fn log_outcome(
 #[cfg(feature = "metrics")]
 const NEAR_LIMIT_FIFTHS: u64 = 4;
 
-/// Counts an allowed request after which its constraining window (the one
-/// with the fewest requests remaining) has spent at least 80% of its limit.
+/// Counts an allowed request after which any of its windows has spent at
+/// least 80% of its limit.
 #[cfg(feature = "metrics")]
 pub(crate) fn near_limit(decision: &crate::store::Decision) {
-    let Some(state) = decision.constraining() else {
-        return;
-    };
-    let limit = u64::from(state.window().limit());
-    let spent = limit.saturating_sub(u64::from(state.remaining));
-    if spent * 5 >= limit * NEAR_LIMIT_FIFTHS {
+    let near = decision.windows().iter().any(|state| {
+        let limit = u64::from(state.window().limit());
+        let spent = limit.saturating_sub(u64::from(state.remaining));
+        spent * 5 >= limit * NEAR_LIMIT_FIFTHS
+    });
+    if near {
         metrics::with_recorder(|r| {
             r.register_counter(&keys::NEAR_LIMIT, &keys::METADATA)
                 .increment(1)

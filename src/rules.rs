@@ -269,7 +269,8 @@ impl Rule {
     /// Adds the windows of a limit text, as Flask-Limiter writes them:
     /// items such as `10/second`, `100 per minute` or `5/10 seconds`,
     /// separated by `;`, `,` or `|`. Units: `millisecond`, `second`,
-    /// `minute`, `hour`, `day`, `month` (30 days) and `year` (365 days),
+    /// `minute`, `hour`, `day`, `month` (30 days) and `year` (365 days;
+    /// Flask-Limiter's is 360),
     /// singular or plural, any case (also `ms`, `s`, `sec`, `min`, `h`,
     /// `hr`, `d`). Like every limit, the text is checked when the table is
     /// built: an item that cannot be read fails the build, naming it.
@@ -316,8 +317,14 @@ impl Rule {
             ));
             return;
         }
+        // (Numbered on from an earlier call's items.)
+        let before = self
+            .windows
+            .iter()
+            .filter(|(name, ..)| name.starts_with("limits["))
+            .count();
         for (i, item) in items.into_iter().enumerate() {
-            let name = format!("limits[{i}]");
+            let name = format!("limits[{}]", before + i);
             match parse_limit(item) {
                 Ok((duration, limit)) => self.windows.push((name, Some(duration), limit)),
                 Err(why) => {
@@ -511,7 +518,7 @@ pub(crate) struct Policy {
     pub(crate) limits: Box<[HeaderValue]>,
     /// [`HeaderMode::XWindows`]' names of each window's limit and remaining
     /// headers (the user's, then the route's).
-    pub(crate) window_headers: Box<[(HeaderName, HeaderName)]>,
+    pub(crate) window_headers: Box<[Option<(HeaderName, HeaderName)>]>,
 }
 
 /// How a policy counts its budget: its algorithm and window lengths. Rules
@@ -544,13 +551,17 @@ pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> S
 }
 
 /// [`HeaderMode::XWindows`]' header names of each window: the user's
-/// windows, then the route's.
-fn window_headers(windows: &[Window], global: &[Window]) -> Box<[(HeaderName, HeaderName)]> {
+/// windows, then the route's, one entry each (so that indexes stay those
+/// of the decision's windows).
+fn window_headers(
+    windows: &[Window],
+    global: &[Window],
+) -> Box<[Option<(HeaderName, HeaderName)>]> {
     windows
         .iter()
         .chain(global)
         .enumerate()
-        .filter_map(|(i, w)| {
+        .map(|(i, w)| {
             let span = match w.micros() {
                 1_000_000 => "second".to_owned(),
                 60_000_000 => "minute".to_owned(),

@@ -189,14 +189,14 @@ where
         head: Parts,
         body: ReqBody,
         candidates: Candidates,
-        rules: Rules,
+        rules: Option<Rules>,
     ) -> ResponseFuture<S, ReqBody, St, I, M>
     where
         S: Service<Request<ReqBody>> + Clone,
     {
         let fut = self.shared.identity.identify(&head);
         let mut pending = self.pending(head, body, candidates);
-        pending.rules = Some(rules);
+        pending.rules = rules;
         ResponseFuture::new(State::Identifying {
             fut,
             pending: Some(pending),
@@ -268,7 +268,7 @@ struct Pending<S, B, St, I> {
     body: B,
     candidates: Candidates,
     /// The table `candidates` were matched in, while the identity is
-    /// decided.
+    /// decided, if it can be swapped meanwhile (`None`: a fixed table).
     rules: Option<Rules>,
     shared: Arc<Shared<St, I>>,
     /// Set once a rule applies and the store is asked.
@@ -744,14 +744,14 @@ where
     St: Store,
     I: Identify,
 {
+    let shared = &pending.shared;
     let verdict = match &pending.rules {
-        Some(rules) => {
-            pending
-                .shared
-                .on_identity(rules, &pending.head, &pending.candidates, identity)
+        Some(rules) => shared.on_identity(rules, &pending.head, &pending.candidates, identity),
+        // (A fixed table: the one the candidates were matched in.)
+        None => {
+            let rules = shared.rules.load();
+            shared.on_identity(&rules, &pending.head, &pending.candidates, identity)
         }
-        // (Never: an identity is awaited only with its table.)
-        None => Verdict::Pass(None),
     };
     next_state(verdict, pending)
 }

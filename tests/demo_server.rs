@@ -431,6 +431,14 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     .is_err());
 }
 
+/// Replaces a config file's text at once (written aside, then renamed
+/// over it), as a deployment does.
+fn rewrite(file: &ConfigFile, text: &str) {
+    let aside = format!("{}.new", file.path());
+    std::fs::write(&aside, text).unwrap();
+    std::fs::rename(&aside, file.path()).unwrap();
+}
+
 /// Waits (at most 5 s) until a fresh user's limit on `/a` reads `limit`:
 /// the reloaded table is in place.
 async fn until_limit(addr: SocketAddr, limit: &str) {
@@ -463,12 +471,11 @@ async fn a_changed_config_file_is_reloaded_without_a_restart() {
     assert_eq!(get(addr, "/a", &k1).await.status, 200);
     assert_eq!(get(addr, "/a", &k1).await.status, 429);
 
-    std::fs::write(
-        file.path(),
+    rewrite(
+        &file,
         "[groups]\n\"gold-key\" = \"gold\"\n\n[[routes]]\npath = \"^/a\"\n\
          rules = [{ minute = 3 }, { group = \"gold\", minute = 10 }]\n",
-    )
-    .unwrap();
+    );
     until_limit(addr, "3").await;
     // k1 spent 2 of its budget, which the new table keeps: one more.
     let answer = get(addr, "/a", &k1).await;
@@ -483,19 +490,17 @@ async fn a_changed_config_file_is_reloaded_without_a_restart() {
 
     // A broken file: reported, and the running table kept (given 15
     // looks at it), until a good one comes.
-    std::fs::write(
-        file.path(),
+    rewrite(
+        &file,
         "[[routes]]\npath = \"^/a(\"\nrules = [{ minute = 4 }]\n",
-    )
-    .unwrap();
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let answer = get(addr, "/a", &[("x-api-key", "after-broken")]).await;
     assert_eq!(answer.header("x-ratelimit-limit"), Some("3"));
-    std::fs::write(
-        file.path(),
+    rewrite(
+        &file,
         "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 4 }]\n",
-    )
-    .unwrap();
+    );
     until_limit(addr, "4").await;
 }
 
@@ -507,11 +512,10 @@ async fn sighup_reloads_the_config_file() {
     let file = config_file(MINUTE_TABLE);
     let addr = demo(&["--config", file.path(), "--reload-check-ms", "0"]).await;
     until_limit(addr, "2").await;
-    std::fs::write(
-        file.path(),
+    rewrite(
+        &file,
         "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 7 }]\n",
-    )
-    .unwrap();
+    );
     // (Every demo server of this test binary reloads its own file.)
     let status = std::process::Command::new("kill")
         .args(["-HUP", &std::process::id().to_string()])

@@ -484,6 +484,14 @@ fn metrics_count_outcomes_and_store_latency() {
             for _ in 0..11 {
                 near.get("/a", "w").await;
             }
+            // Any window counts, not only the constraining one: the 8th
+            // request a second apart spends 80% of the minute, while the
+            // second (as many left, and shorter) constrains.
+            let any = App::new(one(Rule::new().second(3).minute(10)), MemoryStore::new());
+            for _ in 0..8 {
+                any.get("/a", "x").await;
+                any.advance(Duration::from_millis(1001));
+            }
         });
     });
     let snapshot = snapshotter.snapshot().into_vec();
@@ -502,11 +510,11 @@ fn metrics_count_outcomes_and_store_latency() {
     };
     assert_eq!(
         counter("tower_ratelimit_requests_total", Some("allowed")),
-        11
+        19
     );
     assert_eq!(counter("tower_ratelimit_requests_total", Some("denied")), 2);
     // (And the first app's request, which spent its whole limit of 1.)
-    assert_eq!(counter("tower_ratelimit_near_limit_total", None), 4);
+    assert_eq!(counter("tower_ratelimit_near_limit_total", None), 5);
     assert_eq!(
         counter("tower_ratelimit_requests_total", Some("fail_open")),
         1

@@ -323,7 +323,8 @@ impl State {
             (Algorithm::TokenBucket, State::Slots(s)) => {
                 counters::token_bucket(s, windows, cost, now, record)
             }
-            // A state of another shape (rules cannot make one: zones share
+            // A state of another shape (a reloaded table whose rule changed its
+            // algorithm; one table cannot make one: zones share
             // an algorithm); start afresh rather than misread it.
             (algorithm, state) => {
                 state.reset(algorithm);

@@ -955,12 +955,6 @@ async fn run_batch<C: ConnectionLike + Clone>(
     let mut health = None;
     let mut out = Vec::with_capacity(pipe.len());
     for (reply, answer) in replies.into_iter().zip(answers) {
-        // (A replica's answer: the connection is to be remade.)
-        if let Err(e) = &reply {
-            if read_only(e) {
-                health.get_or_insert_with(|| e.clone());
-            }
-        }
         match answer {
             Answer::One(_) => out.push(reply.and_then(bulk)),
             Answer::Many(jobs) => match reply {
@@ -984,6 +978,13 @@ async fn run_batch<C: ConnectionLike + Clone>(
                 reply => split(reply, jobs.len(), &mut out),
             },
         }
+    }
+    // (A replica's answer, to the call or to a check inside a batch
+    // script's: the connection is to be remade.)
+    if health.is_none() {
+        health = out
+            .iter()
+            .find_map(|r| r.as_ref().err().filter(|e| read_only(e)).cloned());
     }
     Ok((out, health))
 }
@@ -1373,6 +1374,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             // checked first, so one slow reply does not drop the connection.)
             Err(e) if e.is_timeout() => self.observe_timeout(),
             Err(e) if broken(e) => self.drop_and_reconnect(),
+            // (Not on a Cluster, whose client follows a failover itself.)
+            Err(e) if self.drop_when_broken && read_only(e) => self.drop_and_reconnect(),
             Err(_) => {}
         }
     }
@@ -1396,20 +1399,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     }
 }
 
-/// Errors after which a connection cannot be trusted any more; among them
-/// `READONLY`: the server is (now) a replica, a master demoted by a failover,
-/// and a new connection finds the new master (through Sentinel, or behind
-/// the same address).
+/// Errors after which a connection cannot be trusted any more.
 fn broken(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
-        || read_only(e)
 }
 
+/// `READONLY`: the server is (now) a replica, a master demoted by a
+/// failover; a new connection finds the new master (through Sentinel, or
+/// behind the same address). (Also as Redis 6 reports it from inside a
+/// script: `ERR Error running script ... -READONLY ...`.)
 fn read_only(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || e.to_string().contains("READONLY")
 }
 
 fn store_error(e: RedisError) -> StoreError {
@@ -1441,6 +1445,8 @@ enum Target {
     Sentinel {
         sentinels: Vec<String>,
         service: String,
+        /// The master's credentials and database, as a URL.
+        master: Option<String>,
     },
     Pool(deadpool_redis::Pool),
     ClusterPool(deadpool_redis::cluster::Pool),
@@ -1975,7 +1981,19 @@ impl RedisStoreBuilder {
         self.target = Some(Target::Sentinel {
             sentinels: sentinels.into_iter().map(Into::into).collect(),
             service: service.into(),
+            master: None,
         });
+        self
+    }
+
+    /// With [`sentinel`](Self::sentinel): the master's credentials and
+    /// database, as a URL whose address is not used (the sentinels give
+    /// it), e.g. `redis://app:secret@master/2`. Without it, the master is
+    /// reached with no password, on database 0.
+    pub fn sentinel_master_url(mut self, url: impl Into<String>) -> Self {
+        if let Some(Target::Sentinel { master, .. }) = &mut self.target {
+            *master = Some(url.into());
+        }
         self
     }
 
@@ -2099,33 +2117,56 @@ impl RedisStoreBuilder {
                     Lazy::launch(connect, true, scripts.clone(), load_timeout, "redis").await,
                 )
             }
-            Some(Target::Sentinel { sentinels, service }) => {
-                use redis::sentinel::{SentinelClient, SentinelServerType};
-                let client = SentinelClient::build(
-                    sentinels.iter().map(String::as_str).collect(),
-                    service.clone(),
-                    None,
-                    SentinelServerType::Master,
-                )
-                .map_err(|e| config_error(format!("invalid redis sentinel setup: {e}")))?;
-                // (Asking the sentinels takes the client mutably.)
-                let client = Arc::new(tokio::sync::Mutex::new(client));
+            Some(Target::Sentinel {
+                sentinels,
+                service,
+                master,
+            }) => {
+                use redis::sentinel::{
+                    SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
+                };
+                use redis::IntoConnectionInfo;
+                let node = match &master {
+                    Some(url) => {
+                        let info = url.as_str().into_connection_info().map_err(|e| {
+                            config_error(format!("invalid redis master url `{url}`: {e}"))
+                        })?;
+                        Some(
+                            SentinelNodeConnectionInfo::default()
+                                .set_redis_connection_info(info.redis_settings().clone()),
+                        )
+                    }
+                    None => None,
+                };
+                let what = format!("redis master `{service}` (through its sentinels)");
+                let build = move |first: usize| {
+                    // (Each attempt starts from the next sentinel: one that
+                    // is down costs every attempt nothing but its turn.)
+                    let mut order = sentinels.clone();
+                    let n = order.len().max(1);
+                    order.rotate_left(first % n);
+                    SentinelClient::build(
+                        order.iter().map(String::as_str).collect(),
+                        service.clone(),
+                        node.clone(),
+                        SentinelServerType::Master,
+                    )
+                };
+                build(0).map_err(|e| config_error(format!("invalid redis sentinel setup: {e}")))?;
+                let attempts = Arc::new(AtomicU32::new(0));
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(response_timeout));
+                let build = Arc::new(build);
                 let connect: Connect<MultiplexedConnection> = Box::new(move || {
-                    let client = client.clone();
                     let config = config.clone();
+                    let first = attempts.fetch_add(1, Ordering::Relaxed) as usize;
+                    let client = build(first);
                     Box::pin(async move {
+                        let mut client = client?;
                         // (The sentinels' answers have no timeout of their
                         // own: the whole connection is bounded.)
-                        let connect = async {
-                            client
-                                .lock()
-                                .await
-                                .get_async_connection_with_config(&config)
-                                .await
-                        };
+                        let connect = client.get_async_connection_with_config(&config);
                         tokio::time::timeout(connect_timeout.saturating_mul(4), connect)
                             .await
                             .unwrap_or_else(|_| {
@@ -2136,7 +2177,6 @@ impl RedisStoreBuilder {
                             })
                     })
                 });
-                let what = format!("redis master `{service}` (through its sentinels)");
                 Backend::Direct(
                     Lazy::launch(connect, true, scripts.clone(), load_timeout, &what).await,
                 )
