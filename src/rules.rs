@@ -382,20 +382,32 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
             .ok_or("expected `<limit>/<unit>` or `<limit> per <unit>`, like `10/second`")?,
     };
     let count = count.trim();
-    let limit: i64 = count
-        .parse()
-        .map_err(|_| format!("`{}` is not a whole number", count.escape_debug()))?;
+    let digits_only = |text: &str| {
+        let text = text.strip_prefix(['-', '+']).unwrap_or(text);
+        !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+    };
+    let limit: i64 = count.parse().map_err(|_| {
+        if digits_only(count) {
+            // (Out of range: the window's check names the limits allowed.)
+            format!("limit `{count}` is too large (at most {})", u32::MAX)
+        } else {
+            format!("`{}` is not a whole number", count.escape_debug())
+        }
+    })?;
     let rest = rest.trim();
     // An optional multiple of the unit: `5/10 seconds`, `5/10seconds`.
     let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
     let (times, unit) = rest.split_at(digits);
-    let times: u64 =
-        match times {
-            "" => 1,
-            n => n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-                format!("`{}` is not a length of window (from 1)", n.escape_debug())
-            })?,
-        };
+    let times: u64 = match times {
+        "" => 1,
+        n => n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+            if n.trim_start_matches('0').is_empty() {
+                format!("`{n}` is not a length of window (from 1)")
+            } else {
+                format!("`{n}` units are longer than any window (at most 10 years)")
+            }
+        })?,
+    };
     let unit_ms: u64 = match unit.trim() {
         "ms" | "millisecond" | "milliseconds" => 1,
         "s" | "sec" | "second" | "seconds" => 1_000,

@@ -448,6 +448,16 @@ fn unreadable_limit_texts_are_rejected_and_named() {
         ),
         ("10 seconds", "limits[0]", "expected `<limit>/<unit>`"),
         ("10/0 seconds", "limits[0]", "`0` is not a length of window"),
+        (
+            "99999999999999999999/second",
+            "limits[0]",
+            "is too large (at most 4294967295)",
+        ),
+        (
+            "1/99999999999999999999 s",
+            "limits[0]",
+            "longer than any window",
+        ),
         ("", "limits", "holds no limit"),
         (" ; ,", "limits", "holds no limit"),
         (
