@@ -376,9 +376,13 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// Decides on `clock`'s time instead of the store's own (for tests: a
     /// [`ManualClock`](crate::clock::ManualClock) makes window edges exact,
     /// for the memory and the Redis store alike).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
+    pub fn clock(self, clock: impl Clock) -> Self {
+        self.with_clock(clock, true)
+    }
+
+    fn with_clock(mut self, clock: impl Clock, decides: bool) -> Self {
         self.options.clock = Some(Arc::new(clock));
-        self.options.clock_decides = true;
+        self.options.clock_decides = decides;
         self.fresh()
     }
 
@@ -420,10 +424,8 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn local_clock(mut self, clock: impl Clock) -> Self {
-        self.options.clock = Some(Arc::new(clock));
-        self.options.clock_decides = false;
-        self.fresh()
+    pub fn local_clock(self, clock: impl Clock) -> Self {
+        self.with_clock(clock, false)
     }
 
     /// How much a request spends (default 1): e.g. by method, or by a

@@ -549,16 +549,26 @@ impl Policy {
 /// The name of a window in the IETF headers: `60s`, `250ms`; route-wide
 /// windows are prefixed `route-`.
 pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> String {
+    scoped(span_name(window), index, user_windows)
+}
+
+/// A window's length as a name: `60s`, `250ms`.
+fn span_name(window: &Window) -> String {
     let micros = window.micros();
-    let span = if micros.is_multiple_of(1_000_000) {
+    if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
     } else {
         format!("{}ms", micros.div_ceil(1000))
-    };
+    }
+}
+
+/// `name` of the `index`-th window of a decision, prefixed `route-` for a
+/// route-wide one (after the `user_windows` of the user).
+fn scoped(name: String, index: usize, user_windows: usize) -> String {
     if index < user_windows {
-        span
+        name
     } else {
-        format!("route-{span}")
+        format!("route-{name}")
     }
 }
 
@@ -581,13 +591,9 @@ fn window_headers(
                 86_400_000_000 => "day".to_owned(),
                 2_592_000_000_000 => "month".to_owned(),
                 31_536_000_000_000 => "year".to_owned(),
-                _ => ietf_name(w, 0, 1),
+                _ => span_name(w),
             };
-            let span = if i < windows.len() {
-                span
-            } else {
-                format!("route-{span}")
-            };
+            let span = scoped(span, i, windows.len());
             // (Always valid: lowercase letters, digits and dashes.)
             let limit = HeaderName::from_bytes(format!("x-ratelimit-limit-{span}").as_bytes());
             let remaining =

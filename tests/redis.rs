@@ -443,13 +443,25 @@ async fn replicas_whose_clocks_differ_by_five_seconds_agree_on_the_server_clock(
         (allowed, denied)
     };
 
-    let prefix = unique_prefix();
-    let a = App::on_local_clock(one_route(rule()), standalone_at(&prefix).await, START);
-    let b = App::on_local_clock(
-        one_route(rule()),
-        standalone_at(&prefix).await,
-        START + SKEW,
-    );
+    // Two replicas, each with a store of its own, their clocks SKEW apart;
+    // deciding on them, or timing only their own work.
+    let replicas = |decide: bool| async move {
+        let prefix = unique_prefix();
+        let make = if decide {
+            App::on_clock_at::<RedisStore>
+        } else {
+            App::on_local_clock::<RedisStore>
+        };
+        let a = make(one_route(rule()), standalone_at(&prefix).await, START);
+        let b = make(
+            one_route(rule()),
+            standalone_at(&prefix).await,
+            START + SKEW,
+        );
+        (prefix, a, b)
+    };
+
+    let (prefix, a, b) = replicas(false).await;
     let (allowed, denied) = alternate(a.clone(), b.clone()).await;
     assert_eq!(allowed, 3, "exactly the limit across both replicas");
     assert_eq!(denied.len(), 3);
@@ -490,13 +502,7 @@ async fn replicas_whose_clocks_differ_by_five_seconds_agree_on_the_server_clock(
 
     // The control: the same replicas deciding on their own clocks
     // disagree, each counting only its own requests in its window.
-    let prefix = unique_prefix();
-    let a = App::on_clock_at(one_route(rule()), standalone_at(&prefix).await, START);
-    let b = App::on_clock_at(
-        one_route(rule()),
-        standalone_at(&prefix).await,
-        START + SKEW,
-    );
+    let (_, a, b) = replicas(true).await;
     let (allowed, _) = alternate(a, b).await;
     assert!(allowed > 3, "on skewed clocks {allowed} allowed");
 }
