@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::Response;
+use http::{HeaderMap, Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::body::{SameBody, Wrapped};
@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::identity::{ClientIp, Identify, IdentityError};
 use crate::rules::{HeaderMode, Policy, Rules};
 use crate::service::{RateLimit, Shared};
-use crate::store::{Decision, MemoryStore, Store, StoreError};
+use crate::store::{Adjustment, Decision, MemoryStore, Store, StoreError};
 
 /// What the layer does when its store cannot decide (error or deadline).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,6 +42,8 @@ pub enum FailMode {
 pub(crate) type BlockedFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 pub(crate) type IdentityErrorFn = dyn Fn(&IdentityError) -> Response<Bytes> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+/// What [`RateLimitLayer::adjust_on_response`] takes.
+pub(crate) type AdjustFn = dyn Fn(StatusCode, &HeaderMap) -> Option<Adjustment> + Send + Sync;
 
 /// Default capacity of the local denial cache.
 pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
@@ -228,6 +230,7 @@ pub(crate) struct Options {
     pub(crate) on_blocked: Option<Arc<BlockedFn>>,
     pub(crate) on_identity_error: Option<Arc<IdentityErrorFn>>,
     pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) adjust: Option<Arc<AdjustFn>>,
     /// The layer's own `shadow` and `headers`; `None`: the table's.
     pub(crate) shadow: Option<bool>,
     pub(crate) headers: Option<HeaderMode>,
@@ -290,6 +293,7 @@ impl<St: Store> RateLimitLayer<St, ClientIp> {
             on_blocked: None,
             on_identity_error: None,
             cost: None,
+            adjust: None,
             shadow: None,
             headers: None,
             denial_cache: DEFAULT_DENIAL_CACHE,
@@ -433,6 +437,51 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// nothing.
     pub fn cost(mut self, f: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.options.cost = Some(Arc::new(f));
+        self.fresh()
+    }
+
+    /// Changes the budget a request spent once the inner service has
+    /// answered it: `f` reads the response's status and headers and may
+    /// ask for an [`Adjustment`], a penalty (more units spent: a failed
+    /// login) or a refund (units given back: a server error the client
+    /// should not pay for), as rate-limiter-flexible's `penalty` and
+    /// `reward` do.
+    ///
+    /// Only requests the store allowed (and so recorded) are adjusted: not
+    /// denials let through in shadow mode, nor requests let through by the
+    /// fail mode or decided by the fallback store. The adjustment reaches
+    /// the user's budget in the request's own store, on its clock, before
+    /// the response goes out (so the client's next request sees it); a
+    /// store that fails is counted and logged (at most once a second), and
+    /// the response goes out unchanged. Its rate-limit headers describe the
+    /// request's check, before the adjustment; a denial already cached
+    /// locally stays until its wait ends.
+    ///
+    /// ```
+    /// use axum::{http::StatusCode, routing::post, Router};
+    /// use tower_ratelimit::{Adjustment, MemoryStore, RateLimitLayer, Rule, Rules};
+    ///
+    /// let rules = Rules::builder()
+    ///     .route("^/login$", [Rule::new().minute(10)])
+    ///     .build()?;
+    /// // A failed login costs five attempts; a server error costs none.
+    /// let layer = RateLimitLayer::new(rules, MemoryStore::new()).adjust_on_response(
+    ///     |status, _headers| match status {
+    ///         StatusCode::UNAUTHORIZED => Some(Adjustment::Penalty(4)),
+    ///         s if s.is_server_error() => Some(Adjustment::Refund(1)),
+    ///         _ => None,
+    ///     },
+    /// );
+    /// let app: Router = Router::new()
+    ///     .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
+    ///     .layer(layer);
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn adjust_on_response(
+        mut self,
+        f: impl Fn(StatusCode, &HeaderMap) -> Option<Adjustment> + Send + Sync + 'static,
+    ) -> Self {
+        self.options.adjust = Some(Arc::new(f));
         self.fresh()
     }
 
@@ -589,6 +638,21 @@ pub(crate) struct WarnGate {
 
 impl WarnGate {
     pub(crate) fn store_failed(&self, error: &StoreError, mode: FailMode, now: u64) {
+        if let Some(suppressed) = self.pass(now) {
+            tracing::warn!(%error, ?mode, suppressed, "rate-limit store failed; applying fail mode");
+        }
+    }
+
+    /// An [`Adjustment`] the store could not make.
+    pub(crate) fn adjust_failed(&self, error: &StoreError, now: u64) {
+        if let Some(suppressed) = self.pass(now) {
+            tracing::warn!(%error, suppressed, "rate-limit store failed to adjust a budget");
+        }
+    }
+
+    /// Whether a warning may go out at `now` (microseconds), and how many
+    /// were held back since the last one.
+    fn pass(&self, now: u64) -> Option<u64> {
         let second = now / 1_000_000 + 1;
         let last = self.last.load(Ordering::Relaxed);
         if second > last
@@ -597,10 +661,9 @@ impl WarnGate {
                 .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
-            tracing::warn!(%error, ?mode, suppressed, "rate-limit store failed; applying fail mode");
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
         }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
     }
 }

@@ -91,6 +91,6 @@ pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder,
 pub use service::{RateLimit, ResponseFuture};
 pub use store::MemoryStore;
 pub use store::{
-    Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError, StoreErrorKind,
-    WindowState,
+    AdjustFuture, Adjustment, Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError,
+    StoreErrorKind, WindowState,
 };

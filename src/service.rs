@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
@@ -20,7 +20,7 @@ use crate::decision::{self, GrpcStatus, RateHeaders};
 use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
 use crate::layer::RuleSource;
-use crate::layer::{FailMode, Options, RunState};
+use crate::layer::{AdjustFn, FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
 use crate::rules::{Candidates, Policy, Rules};
 use crate::store::{Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError};
@@ -151,9 +151,9 @@ where
         };
         drop(rules);
         match verdict {
-            Verdict::Pass(headers) => {
+            Verdict::Pass(headers, after) => {
                 let fut = self.inner.call(Request::from_parts(head, body));
-                ResponseFuture::calling(fut, headers)
+                ResponseFuture::calling(fut, headers, after)
             }
             verdict => self.not_passed(verdict, head, body, candidates),
         }
@@ -178,7 +178,7 @@ where
     where
         S: Service<Request<ReqBody>> + Clone,
     {
-        ResponseFuture::calling(self.inner.call(request), None)
+        ResponseFuture::calling(self.inner.call(request), None, None)
     }
 
     /// A request whose identity is decided asynchronously: held until it is.
@@ -220,8 +220,9 @@ where
         S: Service<Request<ReqBody>> + Clone,
     {
         match verdict {
-            Verdict::Pass(headers) => {
-                ResponseFuture::calling(self.inner.call(Request::from_parts(head, body)), headers)
+            Verdict::Pass(headers, after) => {
+                let fut = self.inner.call(Request::from_parts(head, body));
+                ResponseFuture::calling(fut, headers, after)
             }
             Verdict::Answer(response, headers) => ResponseFuture::answer(response, headers),
             Verdict::Wait(fut, held) => {
@@ -338,10 +339,19 @@ impl Held {
     }
 }
 
+/// What adjusts the budget a request spent once its response is known
+/// ([`RateLimitLayer::adjust_on_response`](crate::RateLimitLayer::adjust_on_response)):
+/// the store's call, if the hook asks for one.
+type After = Box<dyn FnOnce(StatusCode, &HeaderMap) -> Option<Adjusting> + Send + Sync>;
+
+/// A store's adjustment under way, its failure logged.
+type Adjusting = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// What to do with a request.
 enum Verdict<SF> {
-    /// Call the inner service, and add these headers to its response.
-    Pass(Option<RateHeaders>),
+    /// Call the inner service, add these headers to its response, and
+    /// adjust its budget after it.
+    Pass(Option<RateHeaders>, Option<After>),
     /// Answer without calling the inner service.
     Answer(Response<Bytes>, Option<RateHeaders>),
     /// Wait for the store.
@@ -365,7 +375,7 @@ impl<St: Store, I> Shared<St, I> {
         };
         let rule = rules.select(candidates, identity.group(), &head.method);
         let Some(policy) = rule.and_then(|rule| rule.policy.as_ref()) else {
-            return Verdict::Pass(None);
+            return Verdict::Pass(None, None);
         };
         let options = &self.options;
         let cost = options.cost.as_ref().map_or(1, |f| f(head));
@@ -470,21 +480,8 @@ impl<St: Store, I> Shared<St, I> {
     /// (Out of line: a store that answers at once never comes here.)
     #[inline(never)]
     fn wait(&self, policy: &Arc<Policy>, check: CheckRef<'_>) -> Verdict<St::Future> {
-        let budget = check.budget;
         let cost = check.cost;
-        let check = Check {
-            budget: Arc::from(budget),
-            windows: policy.windows.clone(),
-            algorithm: policy.algorithm,
-            cost,
-            now: check.now,
-            global: policy
-                .global
-                .as_ref()
-                .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
-            block: policy.block,
-            exact_windows: check.exact_windows,
-        };
+        let check = owned_check(policy, check.budget, cost, check.now, check.exact_windows);
         // (One reading of the system clock for both.)
         let started = Instant::now();
         let asked = self.now_or(|| started);
@@ -543,7 +540,11 @@ impl<St: Store, I> Shared<St, I> {
             });
             #[cfg(feature = "metrics")]
             observe::near_limit(&decision);
-            return Verdict::Pass(Some(headers));
+            let after = match &options.adjust {
+                Some(hook) if via != Outcome::Fallback => Some(self.after(hook, &checked)),
+                _ => None,
+            };
+            return Verdict::Pass(Some(headers), after);
         }
         crate::cold_path();
         self.on_denied(checked, request, decision, via, headers)
@@ -593,9 +594,37 @@ impl<St: Store, I> Shared<St, I> {
                     Outcome::FailOpen,
                     || (None, checked.latency()),
                 );
-                Verdict::Pass(None)
+                Verdict::Pass(None, None)
             }
         }
+    }
+
+    /// What adjusts the budget of an allowed request after its response
+    /// (out of line: only layers with the hook come here).
+    #[cold]
+    #[inline(never)]
+    fn after(&self, hook: &Arc<AdjustFn>, checked: &Checked<'_>) -> After {
+        let options = &self.options;
+        let hook = hook.clone();
+        let store = self.store.clone();
+        let state = self.state.clone();
+        let clock = options.clock.clone().filter(|_| options.clock_decides);
+        let exact = options.headers_for(checked.policy).every_window();
+        let mut check = owned_check(checked.policy, checked.budget, checked.cost, None, exact);
+        Box::new(move |status, headers| {
+            let adjustment = hook(status, headers)?;
+            check.now = clock.map(|c| c.now());
+            let fut = store.adjust(check, adjustment);
+            Some(Box::pin(async move {
+                if let Err(error) = fut.await {
+                    observe::store_error();
+                    let now = state.start.elapsed();
+                    state
+                        .warnings
+                        .adjust_failed(&error, crate::clock::duration_micros(now));
+                }
+            }))
+        })
     }
 
     /// A denied request: let through in shadow mode, else answered 429 (or
@@ -615,7 +644,7 @@ impl<St: Store, I> Shared<St, I> {
             observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
                 (remaining(&decision), checked.latency())
             });
-            return Verdict::Pass(Some(headers.without_retry()));
+            return Verdict::Pass(Some(headers.without_retry()), None);
         }
         let outcome = match via {
             Outcome::Allowed => Outcome::Denied,
@@ -646,6 +675,30 @@ impl<St: Store, I> Shared<St, I> {
     }
 }
 
+/// The check of `budget` under `policy`, owned (for a store that waits, or
+/// an adjustment).
+fn owned_check(
+    policy: &Policy,
+    budget: &str,
+    cost: u32,
+    now: Option<crate::clock::Timestamp>,
+    exact_windows: bool,
+) -> Check {
+    Check {
+        budget: Arc::from(budget),
+        windows: policy.windows.clone(),
+        algorithm: policy.algorithm,
+        cost,
+        now,
+        global: policy
+            .global
+            .as_ref()
+            .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
+        block: policy.block,
+        exact_windows,
+    }
+}
+
 pin_project! {
     /// The response future of [`RateLimit`].
     pub struct ResponseFuture<S, B, St, I, M = Wrapped>
@@ -655,17 +708,18 @@ pin_project! {
         I: Identify,
     {
         #[pin]
-        state: State<S::Future, I::Future, St::Future, Box<Pending<S, B, St, I>>>,
+        state: State<S::Future, I::Future, St::Future, Box<Pending<S, B, St, I>>, S::Response>,
         body: PhantomData<fn() -> M>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, IF, SF, P> {
+    enum State<F, IF, SF, P, R> {
         Identifying { #[pin] fut: IF, pending: Option<P> },
         Checking { #[pin] fut: SF, pending: Option<P> },
-        Calling { #[pin] fut: F, headers: Option<RateHeaders> },
+        Calling { #[pin] fut: F, headers: Option<RateHeaders>, after: Option<After> },
+        Adjusting { fut: Adjusting, response: Option<R> },
         Answer { response: Option<Response<Bytes>>, headers: Option<RateHeaders> },
     }
 }
@@ -683,8 +737,12 @@ where
         }
     }
 
-    fn calling(fut: S::Future, headers: Option<RateHeaders>) -> Self {
-        Self::new(State::Calling { fut, headers })
+    fn calling(fut: S::Future, headers: Option<RateHeaders>, after: Option<After>) -> Self {
+        Self::new(State::Calling {
+            fut,
+            headers,
+            after,
+        })
     }
 
     fn answer(response: Response<Bytes>, headers: Option<RateHeaders>) -> Self {
@@ -700,6 +758,7 @@ type StateOf<S, B, St, I> = State<
     <I as Identify>::Future,
     <St as Store>::Future,
     Box<Pending<S, B, St, I>>,
+    <S as Service<Request<B>>>::Response,
 >;
 
 /// The next state after a verdict on a held request.
@@ -713,9 +772,10 @@ where
     I: Identify,
 {
     match verdict {
-        Verdict::Pass(headers) => State::Calling {
+        Verdict::Pass(headers, after) => State::Calling {
             fut: pending.call(),
             headers,
+            after,
         },
         Verdict::Answer(response, headers) => State::Answer {
             response: Some(response),
@@ -819,11 +879,32 @@ where
                     };
                     next
                 }
-                StateProj::Calling { fut, headers } => {
+                StateProj::Calling {
+                    fut,
+                    headers,
+                    after,
+                } => {
                     let mut response = ready!(fut.poll(cx))?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
+                    // (The hook, if the layer has one: a boxed call.)
+                    let adjusting = after
+                        .take()
+                        .and_then(|after| after(response.status(), response.headers()));
+                    match adjusting {
+                        None => return Poll::Ready(Ok(response.map(M::inner))),
+                        Some(fut) => State::Adjusting {
+                            fut,
+                            response: Some(response),
+                        },
+                    }
+                }
+                StateProj::Adjusting { fut, response } => {
+                    ready!(fut.as_mut().poll(cx));
+                    let Some(response) = response.take() else {
+                        return Poll::Pending;
+                    };
                     return Poll::Ready(Ok(response.map(M::inner)));
                 }
                 StateProj::Answer { response, headers } => {

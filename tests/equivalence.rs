@@ -1,8 +1,9 @@
 //! Property: the memory store and the Redis scripts are the same function.
 //! Random request sequences (random users, gaps from 0 to 2.5 s with many
 //! exact collisions, costs from 0 to 3, 1 to 3 windows, with or without a
-//! route-wide budget and a block time) go to both, at the
-//! same injected instants, and every decision must be identical: allowed,
+//! route-wide budget and a block time, some after a penalty or a refund)
+//! go to both, at the same injected instants, and every decision must be
+//! identical: allowed,
 //! retry time, reset time and every window's remaining count, to the
 //! microsecond.
 
@@ -15,7 +16,9 @@ use proptest::prelude::*;
 use support::redis_server::{shared, unique_prefix};
 use tower_ratelimit::clock::Timestamp;
 use tower_ratelimit::store::redis::RedisStore;
-use tower_ratelimit::{Algorithm, Check, Decision, GlobalCheck, MemoryStore, Store, Window};
+use tower_ratelimit::{
+    Adjustment, Algorithm, Check, Decision, GlobalCheck, MemoryStore, Store, Window,
+};
 
 /// A Redis store on the shared server, under a prefix of its own, and a
 /// memory store: the two to compare.
@@ -48,11 +51,24 @@ fn shaped(
     check
 }
 
+/// A penalty of `n` (above 0) or a refund of `-n` on both stores.
+async fn adjust_both(memory: &MemoryStore, redis: &RedisStore, check: &Check, n: i64) {
+    let adjustment = match u32::try_from(n) {
+        Ok(n) => Adjustment::Penalty(n),
+        Err(_) => Adjustment::Refund(u32::try_from(n.unsigned_abs()).unwrap()),
+    };
+    memory.adjust(check.clone(), adjustment).await.unwrap();
+    redis.adjust(check.clone(), adjustment).await.unwrap();
+}
+
 #[derive(Debug, Clone)]
 struct Step {
     user: u8,
     gap_us: u64,
     cost: u32,
+    /// A penalty (above 0) or a refund (below) on the user's budget just
+    /// before the check.
+    adjust: Option<i64>,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -61,7 +77,13 @@ fn step() -> impl Strategy<Value = Step> {
         3 => 0u64..2_000,
         4 => 0u64..2_500_000,
     ];
-    (0u8..3, gap, 0u32..=3).prop_map(|(user, gap_us, cost)| Step { user, gap_us, cost })
+    let adjust = proptest::option::weighted(0.2, -5i64..=25);
+    (0u8..3, gap, 0u32..=3, adjust).prop_map(|(user, gap_us, cost, adjust)| Step {
+        user,
+        gap_us,
+        cost,
+        adjust,
+    })
 }
 
 fn windows() -> impl Strategy<Value = Vec<Window>> {
@@ -112,6 +134,9 @@ proptest! {
                 let check = shaped(Check::new(format!("r0:user{}", step.user), windows.clone())
                     .with_cost(step.cost)
                     .at(Timestamp::from_micros(now)), algorithm, &global, block_ms);
+                if let Some(n) = step.adjust {
+                    adjust_both(&memory, &redis, &check, n).await;
+                }
                 let expected = memory.check(check.clone()).await.unwrap();
                 let actual = redis.check(check).await.unwrap();
                 prop_assert_eq!(&actual, &expected, "step {} of {:?}", i, steps);
@@ -187,6 +212,8 @@ struct LogStep {
     rule: usize,
     /// Whether the check asks for every window's remaining exactly.
     exact: bool,
+    /// A penalty (above 0) or a refund (below) just before the check.
+    adjust: Option<i64>,
 }
 
 fn log_step() -> impl Strategy<Value = LogStep> {
@@ -207,13 +234,15 @@ fn log_step() -> impl Strategy<Value = LogStep> {
         prop_oneof![8 => Just(1u32), 2 => 2u32..=20, 1 => Just(0u32)],
         0usize..3,
         any::<bool>(),
+        proptest::option::weighted(0.1, -30i64..=60),
     )
-        .prop_map(|(user, gap_us, cost, rule, exact)| LogStep {
+        .prop_map(|(user, gap_us, cost, rule, exact, adjust)| LogStep {
             user,
             gap_us,
             cost,
             rule,
             exact,
+            adjust,
         })
 }
 
@@ -264,6 +293,9 @@ proptest! {
                 check.algorithm = Algorithm::SlidingLog;
                 if let Some(ms) = block_ms {
                     check = check.with_block(Duration::from_millis(ms));
+                }
+                if let Some(n) = step.adjust {
+                    adjust_both(&memory, &redis, &check, n).await;
                 }
                 let expected = memory.check(check.clone()).await.unwrap();
                 let actual = redis.check(check).await.unwrap();

@@ -13,8 +13,8 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use support::App;
 use tower_ratelimit::{
-    Check, Decision, FailMode, HeaderMode, MemoryStore, Route, Rule, Rules, Store, StoreError,
-    StoreErrorKind,
+    AdjustFuture, Adjustment, Check, Decision, FailMode, HeaderMode, MemoryStore, Route, Rule,
+    Rules, Store, StoreError, StoreErrorKind,
 };
 
 /// A memory store that counts its calls and can be made to fail.
@@ -23,6 +23,8 @@ struct Flaky {
     inner: MemoryStore,
     calls: Arc<AtomicUsize>,
     failing: Arc<AtomicBool>,
+    /// Whether its adjustments fail (its checks do not).
+    adjust_fails: Arc<AtomicBool>,
 }
 
 impl Store for Flaky {
@@ -34,6 +36,14 @@ impl Store for Flaky {
             return ready(Err(StoreError::new(StoreErrorKind::Unavailable, "down")));
         }
         self.inner.check(check)
+    }
+
+    fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
+        if self.adjust_fails.load(Ordering::SeqCst) {
+            let error = StoreError::new(StoreErrorKind::Timeout, "slow");
+            return Box::pin(ready(Err(error)));
+        }
+        self.inner.adjust(check, adjustment)
     }
 }
 
@@ -734,4 +744,75 @@ async fn a_reloaded_table_applies_from_the_next_request() {
     assert_eq!(free.status(), StatusCode::OK);
     assert!(!free.headers().contains_key("x-ratelimit-remaining"));
     assert_eq!(rules.get().len(), 1);
+}
+
+/// A layer whose hook asks for `adjustment` after every response, counting
+/// how often it runs.
+fn adjusted_by<St: Store>(
+    rules: Rules,
+    store: St,
+    adjustment: Option<Adjustment>,
+    shadow: bool,
+) -> (App, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = App::with(rules, store, move |l| {
+        l.shadow(shadow).adjust_on_response(move |_, _| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            adjustment
+        })
+    });
+    (app, runs)
+}
+
+#[tokio::test]
+async fn adjustments_reach_a_store_that_waits_and_a_failed_one_leaves_the_response_alone() {
+    let store = Flaky::default();
+    let penalty = Some(Adjustment::Penalty(1));
+    let (app, runs) = adjusted_by(one(Rule::new().minute(5)), store.clone(), penalty, false);
+    // Each allowed request spends 2: itself and its penalty.
+    let first = app.get("/a", "u").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.number("x-ratelimit-remaining"), 4);
+    store.adjust_fails.store(true, Ordering::SeqCst);
+    // A failed penalty: the response goes out as it was, the budget as it
+    // was (3 spent, not 4).
+    let second = app.get("/a", "u").await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.number("x-ratelimit-remaining"), 2);
+    assert_eq!(second.body, "ok");
+    store.adjust_fails.store(false, Ordering::SeqCst);
+    let third = app.get("/a", "u").await;
+    assert_eq!(third.number("x-ratelimit-remaining"), 1);
+    // 3 + 2 spent: full. A denied request runs no hook.
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(app.inner_calls(), 3);
+}
+
+#[tokio::test]
+async fn only_requests_the_store_allowed_are_adjusted() {
+    // Shadow mode: a denial let through is not adjusted.
+    let (app, runs) = adjusted_by(one(Rule::new().second(1)), MemoryStore::new(), None, true);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(app.inner_calls(), 2);
+    // Fail open: a request let through without a decision is not either.
+    let store = Flaky::default();
+    store.failing.store(true, Ordering::SeqCst);
+    let (app, runs) = adjusted_by(one(Rule::new().second(1)), store, None, false);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Nor an unlimited one.
+    let unlimited = Rules::builder()
+        .route("^/a", [Rule::group("admin")])
+        .build()
+        .unwrap();
+    let (app, runs) = adjusted_by(unlimited, MemoryStore::new(), None, false);
+    assert_eq!(app.get_as("/a", "u", "admin").await.status, StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }

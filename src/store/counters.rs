@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use arrayvec::ArrayVec;
 
-use super::{constraining, Decision, WindowState};
-use crate::rules::{Window, MAX_WINDOWS};
+use super::{constraining, Adjustment, Decision, WindowState};
+use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
 /// `[window length (µs), a, b, c]`; the meaning of a, b, c depends on the
 /// algorithm.
@@ -393,6 +393,61 @@ fn token_bucket_one(
         [WindowState::new(*w, remaining)],
     );
     (decision, tat)
+}
+
+/// Applies `adjustment` at `now` to a counter algorithm's state (see
+/// [`Adjustment`]): a penalty adds at most a window's limit to its count
+/// (to a bucket, that many tokens' worth of arrival time), a refund takes
+/// from the current window's count (from a bucket, tokens up to full).
+/// Returns when the state becomes garbage.
+pub(crate) fn adjust(
+    algorithm: Algorithm,
+    state: &mut impl Slots,
+    windows: &[Window],
+    adjustment: Adjustment,
+    now: u64,
+) -> u64 {
+    let mut expires = now;
+    for w in windows {
+        let at = slot(state, w);
+        let (d, s) = (w.micros(), state[at]);
+        let n = match adjustment {
+            Adjustment::Penalty(n) => i128::from(n.min(w.limit())),
+            Adjustment::Refund(n) => -i128::from(n),
+        };
+        // A count moved by n, at least 0.
+        let moved = |count: u64| u64::try_from((i128::from(count) + n).max(0)).unwrap_or(count);
+        state[at] = match algorithm {
+            Algorithm::FixedWindow => {
+                let k = later(now / d, s[1]);
+                let count = if s[1] == k { s[2] } else { 0 };
+                expires = expires.max((k + 1) * d);
+                [d, k, moved(count), 0]
+            }
+            Algorithm::SlidingWindow => {
+                let k = later(now / d, s[1]);
+                let (cur, prev) = if s[1] == k {
+                    (s[2], s[3])
+                } else if s[1] + 1 == k {
+                    (0, s[2])
+                } else {
+                    (0, 0)
+                };
+                expires = expires.max((k + 2) * d);
+                [d, k, moved(cur), prev]
+            }
+            _ => {
+                // (n tokens are n refill intervals of arrival time; a
+                // bucket never holds more than full, at `now`.)
+                let (_, t) = bucket(w);
+                let tat = i128::from(s[1].max(now)) + n * i128::from(t);
+                let tat = u64::try_from(tat.max(i128::from(now))).unwrap_or(u64::MAX);
+                expires = expires.max(tat);
+                [d, tat, 0, 0]
+            }
+        };
+    }
+    expires
 }
 
 /// The wait of a request whose arrival time would be `next` in bucket

@@ -107,6 +107,19 @@ impl Log {
         }
     }
 
+    /// Drops the newest entry.
+    pub(crate) fn pop_back(&mut self) {
+        match self.len {
+            0 => {}
+            1 => self.clear(),
+            _ => {
+                self.len -= 1;
+                let last = self.slot(self.len() - 1);
+                self.newest = self.buf.get(last).copied().unwrap_or(0);
+            }
+        }
+    }
+
     /// Drops every entry, keeping the ring.
     fn clear(&mut self) {
         *self = Log {
@@ -264,6 +277,7 @@ mod tests {
     enum Op {
         Push(u64),
         Pop,
+        PopBack,
         Trim(u64),
         Insert(usize, u64),
     }
@@ -273,6 +287,7 @@ mod tests {
         prop_oneof![
             4 => (1u64..20).prop_map(Op::Push),
             1 => Just(Op::Pop),
+            1 => Just(Op::PopBack),
             1 => (0u64..40).prop_map(Op::Trim),
             1 => (0usize..50, 0u64..4).prop_map(|(i, d)| Op::Insert(i, d)),
         ]
@@ -297,6 +312,10 @@ mod tests {
                     Op::Pop => {
                         log.pop_front();
                         model.pop_front();
+                    }
+                    Op::PopBack => {
+                        log.pop_back();
+                        model.pop_back();
                     }
                     Op::Trim(back) => {
                         let cut = clock.saturating_sub(back);

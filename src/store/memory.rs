@@ -31,7 +31,9 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 use super::counters::{self, Slot};
-use super::{sliding_log, Check, CheckRef, Decision, GlobalRef, Store, StoreError};
+use super::{
+    sliding_log, AdjustFuture, Adjustment, Check, CheckRef, Decision, GlobalRef, Store, StoreError,
+};
 use crate::clock::{Clock, FastClock, Timestamp};
 use crate::rules::Algorithm;
 
@@ -333,6 +335,32 @@ impl State {
         }
     }
 
+    /// Applies `adjustment` at `now`; returns when the state becomes
+    /// garbage (at the earliest).
+    fn adjust(
+        &mut self,
+        algorithm: Algorithm,
+        windows: &[crate::rules::Window],
+        adjustment: Adjustment,
+        now: u64,
+    ) -> u64 {
+        match (algorithm, self) {
+            (Algorithm::SlidingLog, State::Log(log)) => {
+                sliding_log::adjust(log, windows, adjustment, now);
+                let longest = windows.last().map_or(0, |w| w.micros());
+                log.back().map_or(now, |t| t.saturating_add(longest))
+            }
+            (Algorithm::SlidingLog, _) => now,
+            (algorithm, State::Slots(s)) => {
+                counters::adjust(algorithm, s, windows, adjustment, now)
+            }
+            (algorithm, state) => {
+                state.reset(algorithm);
+                state.adjust(algorithm, windows, adjustment, now)
+            }
+        }
+    }
+
     /// A fresh state of `algorithm`'s shape. (Out of line: rules never get
     /// here.)
     #[cold]
@@ -421,6 +449,29 @@ impl MemoryStore {
     /// Decides at once (the memory store never waits).
     pub(crate) fn decide_now(&self, check: &CheckRef<'_>) -> Decision {
         self.decide(check)
+    }
+
+    /// Applies `adjustment` to the user's budget of `check` (see
+    /// [`Store::adjust`]).
+    fn adjust_now(&self, check: &CheckRef<'_>, adjustment: Adjustment) {
+        let inner = &*self.inner;
+        let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
+        let hash = inner.hasher.hash_one(check.budget);
+        let mut shard = lock(&inner.shards[self.shard_of(hash)]);
+        let (algorithm, windows) = (check.algorithm, check.windows);
+        if let Some(entry) = shard.table.find_mut(hash, |e| e.budget.is(check.budget)) {
+            let expires = entry.state.adjust(algorithm, windows, adjustment, now);
+            entry.expires = entry.expires.max(expires);
+            return;
+        }
+        // A budget with nothing spent has nothing to give back.
+        if let Adjustment::Penalty(_) = adjustment {
+            let mut entry = Entry::new(hash, check.budget, algorithm);
+            entry.expires = entry.state.adjust(algorithm, windows, adjustment, now);
+            if entry.live(now) {
+                shard.insert(entry, now);
+            }
+        }
     }
 
     fn shard_of(&self, hash: u64) -> usize {
@@ -546,6 +597,14 @@ impl Store for MemoryStore {
 
     fn always_decides_at_once(&self) -> bool {
         true
+    }
+
+    fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
+        let check = check.as_ref();
+        let result = check
+            .supported()
+            .map(|()| self.adjust_now(&check, adjustment));
+        Box::pin(ready(result))
     }
 }
 

@@ -567,6 +567,36 @@ impl StdError for StoreError {
     }
 }
 
+/// A change to a user's budget made outside a check: rate-limiter-flexible's
+/// penalty and reward, applied by the layer after a response
+/// ([`RateLimitLayer::adjust_on_response`](crate::RateLimitLayer::adjust_on_response))
+/// or by hand with [`Store::adjust`].
+///
+/// An adjustment touches the user's budget only (a route-wide budget stays
+/// as its checks left it), in every window of the check it is given, atomically,
+/// and on the same clock as checks. It never blocks a user (a `block_time`
+/// starts only when a check is denied).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Adjustment {
+    /// Spends `n` more units in every window, whether or not they fit: the
+    /// next requests are denied until the windows have room again, as if
+    /// `n` more requests had been allowed now (a failed login that costs
+    /// five attempts). A window takes at most its limit of them (it is
+    /// then full); a sliding log, whose windows share its entries, at most
+    /// its largest limit (each entry beyond a shorter window's limit then
+    /// adds a microsecond to that window's wait).
+    Penalty(u32),
+    /// Gives back up to `n` units spent in the windows (a request whose
+    /// answer should not count, such as a server error): the newest
+    /// entries of a sliding log, the current window's count of a fixed or
+    /// sliding window, `n` tokens of a bucket (never more than it holds).
+    Refund(u32),
+}
+
+/// The future of [`Store::adjust`].
+pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
 /// A place where budgets are kept and decided on atomically.
 ///
 /// Implementations must decide each [`Check`] atomically over all its
@@ -601,6 +631,38 @@ pub trait Store: Send + Sync + 'static {
     fn always_decides_at_once(&self) -> bool {
         false
     }
+
+    /// Applies `adjustment` to the user's budget of `check` (its budget,
+    /// windows and algorithm, and the shape that picks where a store keeps
+    /// them: give it the check the requests of that budget make; its cost
+    /// is not read). The built-in stores implement it; the default answers
+    /// a [`StoreErrorKind::Config`] error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures_util::FutureExt;
+    /// use tower_ratelimit::{Adjustment, Check, MemoryStore, Store, Window};
+    ///
+    /// let store = MemoryStore::new();
+    /// let check = Check::new("r1:alice", [Window::new(Duration::from_secs(60), 5)?]);
+    /// // Five failed logins' worth of penalty fill the window...
+    /// store.adjust(check.clone(), Adjustment::Penalty(5)).now_or_never().unwrap()?;
+    /// let first = store.check(check.clone()).now_or_never().unwrap()?;
+    /// assert!(!first.allowed());
+    /// // ...and a refund gives two back.
+    /// store.adjust(check.clone(), Adjustment::Refund(2)).now_or_never().unwrap()?;
+    /// let second = store.check(check).now_or_never().unwrap()?;
+    /// assert!(second.allowed());
+    /// assert_eq!(second.windows()[0].remaining, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
+        let _ = (check, adjustment);
+        Box::pin(std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Config,
+            "this store does not take adjustments",
+        ))))
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -616,5 +678,9 @@ impl<S: Store> Store for Arc<S> {
 
     fn always_decides_at_once(&self) -> bool {
         (**self).always_decides_at_once()
+    }
+
+    fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
+        (**self).adjust(check, adjustment)
     }
 }

@@ -131,7 +131,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 
 use super::counters::{self, Slot};
-use super::{Check, Decision, Store, StoreError, StoreErrorKind, WindowState};
+use super::{
+    AdjustFuture, Adjustment, Check, Decision, Store, StoreError, StoreErrorKind, WindowState,
+};
 use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
 macro_rules! script {
@@ -172,6 +174,10 @@ pub fn general_lua(algorithm: Algorithm) -> &'static str {
         Algorithm::TokenBucket => TOKEN_BUCKET_LUA,
     }
 }
+
+/// The script of [`Store::adjust`] (`scripts/adjust.lua`): a penalty or a
+/// refund on a user's budget, in whichever layout its checks keep it.
+pub const ADJUST_LUA: &str = include_str!("../../scripts/adjust.lua");
 
 /// The most windows a straight-line script is made for.
 const STRAIGHT_MAX_WINDOWS: usize = 5;
@@ -422,6 +428,8 @@ struct Scripts {
     /// The batch scripts ([`batched_lua`]), in [`ALGORITHMS`] order, 1 to
     /// 5 windows each.
     batched: [[Script; STRAIGHT_MAX_WINDOWS]; 4],
+    /// [`ADJUST_LUA`].
+    adjust: Script,
 }
 
 /// The algorithms, in the order [`Scripts`] keeps their scripts.
@@ -457,6 +465,7 @@ impl Scripts {
             .iter()
             .chain(self.straight.iter().flatten())
             .chain(self.batched.iter().flatten())
+            .chain(std::iter::once(&self.adjust))
     }
 
     /// Loads the scripts `cmds` name (each once): what a `NOSCRIPT` reply
@@ -488,6 +497,7 @@ impl Scripts {
             general: std::array::from_fn(|_| next()),
             straight: std::array::from_fn(|_| std::array::from_fn(|_| next())),
             batched: std::array::from_fn(|_| std::array::from_fn(|_| next())),
+            adjust: next(),
         }
     }
 
@@ -500,7 +510,10 @@ impl Scripts {
         let batched = ALGORITHMS.into_iter().flat_map(move |a| {
             (1..=STRAIGHT_MAX_WINDOWS).map(move |w| batched_lua(a, w).unwrap_or_default())
         });
-        general.chain(straight).chain(batched)
+        general
+            .chain(straight)
+            .chain(batched)
+            .chain(std::iter::once(ADJUST_LUA.to_owned()))
     }
 
     /// Which batch script runs `check` with others of its kind (an index
@@ -1549,6 +1562,54 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// [`Store::adjust`]: one call of [`ADJUST_LUA`] on the user's key,
+    /// under the store's deadline, outside the batches.
+    async fn run_adjust(
+        inner: Arc<Inner>,
+        check: Check,
+        adjustment: Adjustment,
+    ) -> Result<(), StoreError> {
+        let n = match adjustment {
+            Adjustment::Penalty(n) => i64::from(n),
+            Adjustment::Refund(n) => -i64::from(n),
+        };
+        let (layout, fp) = match (check.algorithm, straight(&check)) {
+            (Algorithm::SlidingLog, false) => (1, 0),
+            (Algorithm::SlidingLog, true) => (2, windows_fingerprint(&check.windows)),
+            (Algorithm::SlidingWindow, _) => (3, 0),
+            (Algorithm::FixedWindow, _) => (4, 0),
+            (Algorithm::TokenBucket, _) => (5, 0),
+        };
+        let mut numbers = Vec::with_capacity(8 * (4 + 2 * check.windows.len()));
+        let now = check.now.map_or(-1, |now| saturating_i64(now.as_micros()));
+        for number in [now, n, layout, fp] {
+            numbers.extend_from_slice(&word(number));
+        }
+        for w in check.windows.iter() {
+            numbers.extend_from_slice(&word(saturating_i64(w.micros())));
+            numbers.extend_from_slice(&word(i64::from(w.limit())));
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(inner.scripts.adjust.get_hash())
+            .arg(1)
+            .arg(KeyArg {
+                prefix: &inner.prefix,
+                check: &check,
+                kind: KeyKind::State,
+            })
+            .arg(numbers);
+        let deadline = inner.timeout;
+        match &inner.backend {
+            Backend::Direct(lazy) => lazy.invoke_bounded(&cmd, deadline).await,
+            Backend::Cluster(lazy) => lazy.invoke_bounded(&cmd, deadline).await,
+            Backend::Pool(lazy) => lazy.invoke_bounded(&cmd, deadline).await,
+            Backend::ClusterPool(lazy) => lazy.invoke_bounded(&cmd, deadline).await,
+        }
+        .map(drop)
+    }
+}
+
 /// Writes one key of a check (see [`RedisStore::keys`]), piece by piece.
 fn write_key(prefix: &str, check: &Check, kind: KeyKind, mut put: impl FnMut(&str)) {
     let alg = suffix(check);
@@ -1937,6 +1998,13 @@ impl Store for RedisStore {
             return Box::pin(std::future::ready(Err(error)));
         }
         Box::pin(Self::run(self.inner.clone(), check))
+    }
+
+    fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
+        if let Err(error) = check.as_ref().supported() {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        Box::pin(Self::run_adjust(self.inner.clone(), check, adjustment))
     }
 }
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use super::log::Log;
-use super::{constraining, Decision, WindowState};
+use super::{constraining, Adjustment, Decision, WindowState};
 use crate::rules::{Window, MAX_WINDOWS};
 
 /// Decides on a request of `cost` at `now` against `windows` (shortest
@@ -127,6 +127,30 @@ fn check_one(log: &mut Log, w: Window, cost: u32, now: u64, record: bool) -> Dec
         Duration::from_micros(reset),
         std::iter::once(WindowState::new(w, remaining)),
     )
+}
+
+/// Applies `adjustment` at `now` to a budget of `windows` (shortest
+/// first): entries that left the longest window are dropped first, as a
+/// check drops them; a penalty of `n` takes the first `n` free microseconds
+/// at or after `now` (at most the largest limit of them), a refund of `n`
+/// drops the `n` newest entries (or all).
+pub(crate) fn adjust(log: &mut Log, windows: &[Window], adjustment: Adjustment, now: u64) {
+    let longest = windows.last().map_or(0, Window::micros);
+    log.trim(|t| t.saturating_add(longest) <= now);
+    match adjustment {
+        Adjustment::Penalty(n) => {
+            let most = windows.iter().map(Window::limit).max().unwrap_or(0);
+            let n = n.min(most);
+            if n > 0 {
+                push(log, now, n);
+            }
+        }
+        Adjustment::Refund(n) => {
+            for _ in 0..n.min(u32::try_from(log.len()).unwrap_or(u32::MAX)) {
+                log.pop_back();
+            }
+        }
+    }
 }
 
 /// Takes the first `cost` free microseconds at or after `now`.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use tower_ratelimit::{Algorithm, Route, Rule, Rules, Store};
+use tower_ratelimit::{Adjustment, Algorithm, Route, Rule, Rules, Store};
 
 use super::App;
 
@@ -30,6 +30,8 @@ macro_rules! conformance_suite {
             route_wide_limits_are_shared_and_atomic,
             block_time_blocks_and_reports_the_block,
             cost_is_spent_exactly,
+            adjustments_penalize_and_refund,
+            adjustments_reach_the_user_alone,
         );
         $crate::conformance_suite!(@algorithms $make;
             sliding_log: tower_ratelimit::Algorithm::SlidingLog,
@@ -726,5 +728,189 @@ pub async fn cost_is_spent_exactly<St: Store>(store: impl std::future::Future<Ou
         // A cost above the limit can never pass.
         let huge = app.send_request(with_cost(6)).await;
         assert_eq!(huge.status, StatusCode::TOO_MANY_REQUESTS, "{algorithm:?}");
+    }
+}
+
+/// An app whose layer adjusts each response's budget by what the test put
+/// in the returned cell before the request (taken by that response).
+fn adjusting_app<St: Store>(
+    rules: Rules,
+    store: St,
+) -> (App, std::sync::Arc<std::sync::Mutex<Option<Adjustment>>>) {
+    let next = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let cell = next.clone();
+    let app = App::with(rules, store, move |l| {
+        l.adjust_on_response(move |status, _| {
+            assert_eq!(status, StatusCode::OK);
+            cell.lock().unwrap().take()
+        })
+    });
+    (app, next)
+}
+
+/// Every algorithm: a penalty spends more than the request, a refund gives
+/// units back, and a penalty far above the limit holds the user back for a
+/// bounded time (no overflow).
+pub async fn adjustments_penalize_and_refund<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let store = std::sync::Arc::new(store.await);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let rules = one_route("^/a", [Rule::new().minute(5).algorithm(algorithm)]);
+        let (app, next) = adjusting_app(rules, store.clone());
+        let set = |a: Adjustment| *next.lock().unwrap() = Some(a);
+        let user = format!("adj-{}", algorithm.as_str());
+        // A penalty: the response tells the state before it.
+        set(Adjustment::Penalty(2));
+        let first = app.get("/a", &user).await;
+        assert_eq!(first.status, StatusCode::OK, "{algorithm:?}");
+        assert_eq!(first.number("x-ratelimit-remaining"), 4, "{algorithm:?}");
+        assert!(
+            next.lock().unwrap().is_none(),
+            "{algorithm:?}: the hook ran"
+        );
+        let second = app.get("/a", &user).await;
+        assert_eq!(second.number("x-ratelimit-remaining"), 1, "{algorithm:?}");
+        // A refund of 1 on the last allowed request: one more fits.
+        set(Adjustment::Refund(1));
+        let third = app.get("/a", &user).await;
+        assert_eq!(third.number("x-ratelimit-remaining"), 0, "{algorithm:?}");
+        let fourth = app.get("/a", &user).await;
+        assert_eq!(fourth.status, StatusCode::OK, "{algorithm:?}");
+        assert_eq!(fourth.number("x-ratelimit-remaining"), 0, "{algorithm:?}");
+        // A denied request is not adjusted: the refund stays unused.
+        set(Adjustment::Refund(5));
+        let denied = app.get("/a", &user).await;
+        assert_eq!(
+            denied.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?}"
+        );
+        assert!(next.lock().unwrap().take().is_some(), "{algorithm:?}");
+        assert_eq!(
+            app.get("/a", &user).await.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?}"
+        );
+        assert_eq!(app.inner_calls(), 4, "{algorithm:?}");
+
+        // A refund larger than what was spent leaves an empty budget (no
+        // more than the limit); a penalty beyond the limit is capped.
+        let other = format!("adj2-{}", algorithm.as_str());
+        set(Adjustment::Refund(100));
+        assert_eq!(
+            app.get("/a", &other).await.number("x-ratelimit-remaining"),
+            4
+        );
+        let fresh = app.get("/a", &other).await;
+        assert_eq!(fresh.number("x-ratelimit-remaining"), 4, "{algorithm:?}");
+        set(Adjustment::Penalty(u32::MAX));
+        assert_eq!(app.get("/a", &other).await.status, StatusCode::OK);
+        let held = app.get("/a", &other).await;
+        assert_eq!(held.status, StatusCode::TOO_MANY_REQUESTS, "{algorithm:?}");
+        let wait = held.number("retry-after");
+        assert!((1..=120).contains(&wait), "{algorithm:?}: {wait}");
+        app.advance(Duration::from_secs(wait));
+        assert_eq!(
+            app.get("/a", &other).await.status,
+            StatusCode::OK,
+            "{algorithm:?} after {wait} s"
+        );
+    }
+}
+
+/// A penalty spends the user's own budget, not the route's, and works on a
+/// rule with several windows (every window takes it) and with route-wide
+/// windows (a sliding log then keeps another layout on Redis).
+pub async fn adjustments_reach_the_user_alone<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let store = std::sync::Arc::new(store.await);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        // (Routes of their own: the memory store keys a route's budget by
+        // the route alone, whatever its algorithm.)
+        let (r, m) = (
+            format!("/r-{}", algorithm.as_str()),
+            format!("/m-{}", algorithm.as_str()),
+        );
+        let rules = Rules::builder()
+            .add_route(
+                Route::new(format!("^{r}"))
+                    .rules([Rule::new().second(3).minute(4).algorithm(algorithm)])
+                    .global(Rule::new().minute(10)),
+            )
+            .route(
+                format!("^{m}"),
+                [Rule::new().second(3).hour(4).algorithm(algorithm)],
+            )
+            .build()
+            .unwrap();
+        let (app, next) = adjusting_app(rules, store.clone());
+        let set = |a: Adjustment| *next.lock().unwrap() = Some(a);
+        for path in [r.as_str(), m.as_str()] {
+            let user = format!("alone-{}", algorithm.as_str());
+            set(Adjustment::Penalty(1));
+            let first = app.get(path, &user).await;
+            assert_eq!(first.status, StatusCode::OK, "{algorithm:?} {path}");
+            // Two spent of the second's 3: one more fits, then none.
+            let second = app.get(path, &user).await;
+            assert_eq!(second.status, StatusCode::OK, "{algorithm:?} {path}");
+            assert_eq!(
+                second.number("x-ratelimit-remaining"),
+                0,
+                "{algorithm:?} {path}"
+            );
+            assert_eq!(
+                app.get(path, &user).await.status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{algorithm:?} {path}"
+            );
+            // Once the short window is empty again, the long one (3 of 4
+            // spent) takes one more; a refund of 2 on it gives 2 back to
+            // every window: two more fit, then the long window is full.
+            app.advance_ms(2000);
+            set(Adjustment::Refund(2));
+            let last = app.get(path, &user).await;
+            assert_eq!(last.status, StatusCode::OK, "{algorithm:?} {path}");
+            assert_eq!(
+                last.number("x-ratelimit-remaining"),
+                0,
+                "{algorithm:?} {path}"
+            );
+            for _ in 0..2 {
+                let more = app.get(path, &user).await;
+                assert_eq!(more.status, StatusCode::OK, "{algorithm:?} {path}");
+            }
+            assert_eq!(
+                app.get(path, &user).await.status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{algorithm:?} {path}"
+            );
+        }
+        // The route's budget was charged for the requests alone, 5 of its
+        // 10 (penalties and refunds leave it as it was).
+        for i in 0..5 {
+            let user = format!("route-{}-{i}", algorithm.as_str());
+            assert_eq!(
+                app.get(&r, &user).await.status,
+                StatusCode::OK,
+                "{algorithm:?} {i}"
+            );
+        }
+        assert_eq!(
+            app.get(&r, "route-last").await.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?}"
+        );
     }
 }
