@@ -339,6 +339,80 @@ async fn every_kind_of_key_has_a_ttl() {
     }
 }
 
+/// A penalty writes each layout's key with a TTL as long as the state it
+/// leaves needs (and no longer), a refund of everything leaves a sliding
+/// log's key gone and a counter's empty, and a refund of a budget that
+/// spent nothing writes no key.
+#[tokio::test]
+async fn adjusted_keys_keep_a_ttl_and_refunds_leave_nothing_behind() {
+    use tower_ratelimit::{Adjustment, Check, GlobalCheck, Store, Window};
+    let port = port_of(&shared().standalone);
+    let prefix = unique_prefix();
+    let store = standalone_at(&prefix).await;
+    let minute = || vec![Window::new(Duration::from_secs(60), 10).unwrap()];
+    let checks = [
+        ("p3", Check::new("r1:u", minute())),
+        (
+            "l",
+            Check::new("r1:u", minute()).with_global(GlobalCheck::new("r1:*", minute())),
+        ),
+        (
+            "sw2",
+            Check::new("r1:u", minute()).with_algorithm(Algorithm::SlidingWindow),
+        ),
+        (
+            "fw2",
+            Check::new("r1:u", minute()).with_algorithm(Algorithm::FixedWindow),
+        ),
+        (
+            "tb2",
+            Check::new("r1:u", minute()).with_algorithm(Algorithm::TokenBucket),
+        ),
+    ];
+    for (kind, check) in checks {
+        let key = store.keys(&check)[0].clone();
+        assert!(key.ends_with(kind), "{key}");
+        store
+            .adjust(check.clone(), Adjustment::Refund(3))
+            .await
+            .unwrap();
+        assert_eq!(
+            cli(port, &["exists", &key]),
+            "0",
+            "{kind}: a refund of nothing"
+        );
+        store
+            .adjust(check.clone(), Adjustment::Penalty(100))
+            .await
+            .unwrap();
+        let ttl: i64 = cli(port, &["pttl", &key]).parse().unwrap();
+        // (The window, and a sliding log's slack of a quarter of it.)
+        assert!(ttl > 0 && ttl <= 75_001, "{kind}: pttl {ttl}");
+        // The penalty filled the window: the next check is denied.
+        let denied = store.check(check.clone()).await.unwrap();
+        assert!(!denied.allowed(), "{kind}");
+        store
+            .adjust(check.clone(), Adjustment::Refund(100))
+            .await
+            .unwrap();
+        let allowed = store.check(check.clone()).await.unwrap();
+        assert!(allowed.allowed(), "{kind}");
+        assert_eq!(allowed.windows()[0].remaining, 9, "{kind}");
+        store
+            .adjust(check.clone(), Adjustment::Refund(1))
+            .await
+            .unwrap();
+        let exists = cli(port, &["exists", &key]);
+        match kind {
+            "p3" | "l" => assert_eq!(exists, "0", "{kind}: an empty log is deleted"),
+            _ => {
+                let ttl: i64 = cli(port, &["pttl", &key]).parse().unwrap();
+                assert!(ttl > 0 && ttl <= 121_000, "{kind}: pttl {ttl}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn counter_states_live_until_their_longest_window_lets_go() {
     // The straight-line scripts (counter algorithms, no route-wide windows,
@@ -616,9 +690,9 @@ async fn concurrent_checks_get_their_own_answers_in_batches() {
 async fn every_script_is_loaded_once_at_start_up() {
     let server = RedisServer::start();
     let store = own_store(&server).await;
-    // 4 general scripts, and per algorithm 5 straight-line and 5 batch
-    // scripts (1 to 5 windows).
-    let scripts = 4 + 4 * 5 * 2;
+    // 4 general scripts, per algorithm 5 straight-line and 5 batch
+    // scripts (1 to 5 windows), and the adjustments' script.
+    let scripts = 4 + 4 * 5 * 2 + 1;
     assert_eq!(server.calls("script|load"), scripts);
     for algorithm in [
         Algorithm::SlidingLog,
