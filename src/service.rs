@@ -151,9 +151,9 @@ where
         };
         drop(rules);
         match verdict {
-            Verdict::Pass(headers, after) => {
+            Verdict::Pass(headers) => {
                 let fut = self.inner.call(Request::from_parts(head, body));
-                ResponseFuture::calling(fut, headers, after)
+                ResponseFuture::calling(fut, headers)
             }
             verdict => self.not_passed(verdict, head, body, candidates),
         }
@@ -178,7 +178,7 @@ where
     where
         S: Service<Request<ReqBody>> + Clone,
     {
-        ResponseFuture::calling(self.inner.call(request), None, None)
+        ResponseFuture::calling(self.inner.call(request), None)
     }
 
     /// A request whose identity is decided asynchronously: held until it is.
@@ -220,9 +220,16 @@ where
         S: Service<Request<ReqBody>> + Clone,
     {
         match verdict {
-            Verdict::Pass(headers, after) => {
+            Verdict::Pass(headers) => {
+                ResponseFuture::calling(self.inner.call(Request::from_parts(head, body)), headers)
+            }
+            Verdict::PassThen(headers, after) => {
                 let fut = self.inner.call(Request::from_parts(head, body));
-                ResponseFuture::calling(fut, headers, after)
+                ResponseFuture::new(State::CallingThen {
+                    fut,
+                    headers,
+                    after: Some(after),
+                })
             }
             Verdict::Answer(response, headers) => ResponseFuture::answer(response, headers),
             Verdict::Wait(fut, held) => {
@@ -349,9 +356,12 @@ type Adjusting = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What to do with a request.
 enum Verdict<SF> {
-    /// Call the inner service, add these headers to its response, and
-    /// adjust its budget after it.
-    Pass(Option<RateHeaders>, Option<After>),
+    /// Call the inner service, and add these headers to its response.
+    Pass(Option<RateHeaders>),
+    /// The same, then adjust the request's budget (a layer with
+    /// `adjust_on_response`: a path of its own, so the others' stays as
+    /// it was).
+    PassThen(Option<RateHeaders>, After),
     /// Answer without calling the inner service.
     Answer(Response<Bytes>, Option<RateHeaders>),
     /// Wait for the store.
@@ -375,7 +385,7 @@ impl<St: Store, I> Shared<St, I> {
         };
         let rule = rules.select(candidates, identity.group(), &head.method);
         let Some(policy) = rule.and_then(|rule| rule.policy.as_ref()) else {
-            return Verdict::Pass(None, None);
+            return Verdict::Pass(None);
         };
         let options = &self.options;
         let cost = options.cost.as_ref().map_or(1, |f| f(head));
@@ -540,11 +550,10 @@ impl<St: Store, I> Shared<St, I> {
             });
             #[cfg(feature = "metrics")]
             observe::near_limit(&decision);
-            let after = match &options.adjust {
-                Some(hook) if via != Outcome::Fallback => Some(self.after(hook, &checked)),
-                _ => None,
-            };
-            return Verdict::Pass(Some(headers), after);
+            if let (Some(hook), false) = (&options.adjust, via == Outcome::Fallback) {
+                return Verdict::PassThen(Some(headers), self.after(hook, &checked));
+            }
+            return Verdict::Pass(Some(headers));
         }
         crate::cold_path();
         self.on_denied(checked, request, decision, via, headers)
@@ -594,7 +603,7 @@ impl<St: Store, I> Shared<St, I> {
                     Outcome::FailOpen,
                     || (None, checked.latency()),
                 );
-                Verdict::Pass(None, None)
+                Verdict::Pass(None)
             }
         }
     }
@@ -644,7 +653,7 @@ impl<St: Store, I> Shared<St, I> {
             observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
                 (remaining(&decision), checked.latency())
             });
-            return Verdict::Pass(Some(headers.without_retry()), None);
+            return Verdict::Pass(Some(headers.without_retry()));
         }
         let outcome = match via {
             Outcome::Allowed => Outcome::Denied,
@@ -718,8 +727,9 @@ pin_project! {
     enum State<F, IF, SF, P, R> {
         Identifying { #[pin] fut: IF, pending: Option<P> },
         Checking { #[pin] fut: SF, pending: Option<P> },
-        Calling { #[pin] fut: F, headers: Option<RateHeaders>, after: Option<After> },
-        Adjusting { fut: Adjusting, response: Option<R> },
+        Calling { #[pin] fut: F, headers: Option<RateHeaders> },
+        CallingThen { #[pin] fut: F, headers: Option<RateHeaders>, after: Option<After> },
+        Adjusting { fut: Adjusting, response: Option<Box<R>> },
         Answer { response: Option<Response<Bytes>>, headers: Option<RateHeaders> },
     }
 }
@@ -737,12 +747,8 @@ where
         }
     }
 
-    fn calling(fut: S::Future, headers: Option<RateHeaders>, after: Option<After>) -> Self {
-        Self::new(State::Calling {
-            fut,
-            headers,
-            after,
-        })
+    fn calling(fut: S::Future, headers: Option<RateHeaders>) -> Self {
+        Self::new(State::Calling { fut, headers })
     }
 
     fn answer(response: Response<Bytes>, headers: Option<RateHeaders>) -> Self {
@@ -772,10 +778,14 @@ where
     I: Identify,
 {
     match verdict {
-        Verdict::Pass(headers, after) => State::Calling {
+        Verdict::Pass(headers) => State::Calling {
             fut: pending.call(),
             headers,
-            after,
+        },
+        Verdict::PassThen(headers, after) => State::CallingThen {
+            fut: pending.call(),
+            headers,
+            after: Some(after),
         },
         Verdict::Answer(response, headers) => State::Answer {
             response: Some(response),
@@ -879,7 +889,14 @@ where
                     };
                     next
                 }
-                StateProj::Calling {
+                StateProj::Calling { fut, headers } => {
+                    let mut response = ready!(fut.poll(cx))?;
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response.map(M::inner)));
+                }
+                StateProj::CallingThen {
                     fut,
                     headers,
                     after,
@@ -888,15 +905,17 @@ where
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    // (The hook, if the layer has one: a boxed call.)
+                    // (The hook: a boxed call.)
                     let adjusting = after
                         .take()
                         .and_then(|after| after(response.status(), response.headers()));
                     match adjusting {
                         None => return Poll::Ready(Ok(response.map(M::inner))),
+                        // (Boxed: the response future stays as small to
+                        // move as it was without adjustments.)
                         Some(fut) => State::Adjusting {
                             fut,
-                            response: Some(response),
+                            response: Some(Box::new(response)),
                         },
                     }
                 }
@@ -905,7 +924,7 @@ where
                     let Some(response) = response.take() else {
                         return Poll::Pending;
                     };
-                    return Poll::Ready(Ok(response.map(M::inner)));
+                    return Poll::Ready(Ok((*response).map(M::inner)));
                 }
                 StateProj::Answer { response, headers } => {
                     let Some(response) = response.take() else {

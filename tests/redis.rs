@@ -386,8 +386,10 @@ async fn adjusted_keys_keep_a_ttl_and_refunds_leave_nothing_behind() {
             .await
             .unwrap();
         let ttl: i64 = cli(port, &["pttl", &key]).parse().unwrap();
-        // (The window, and a sliding log's slack of a quarter of it.)
-        assert!(ttl > 0 && ttl <= 75_001, "{kind}: pttl {ttl}");
+        // (The window, and a sliding log's slack of a quarter of it; a
+        // sliding window's count weighs in the next window too.)
+        let most = if kind == "sw2" { 120_001 } else { 75_001 };
+        assert!(ttl > 0 && ttl <= most, "{kind}: pttl {ttl}");
         // The penalty filled the window: the next check is denied.
         let denied = store.check(check.clone()).await.unwrap();
         assert!(!denied.allowed(), "{kind}");
