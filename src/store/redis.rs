@@ -19,7 +19,7 @@
 //! functions, so Redis spends nothing on the report and both stores report
 //! alike by construction. Every script is loaded when a connection is made.
 //!
-//! A penalty or a refund ([`Store::adjust`](super::Store::adjust)) is one
+//! A penalty or a refund ([`Store::adjust`]) is one
 //! `EVALSHA` of [`ADJUST_LUA`] on the user's key, outside the batches: it
 //! reads the budget's whole state in whichever layout its checks keep it,
 //! changes it as the memory store does (the equivalence properties mix
