@@ -7,11 +7,16 @@
 //! cargo run --release --example server -- --redis redis://127.0.0.1:6379
 //! cargo run --release --example server -- --redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001
 //! cargo run --release --example server -- --redis redis://127.0.0.1:6379 --fail-mode fallback --timeout-ms 50
+//! cargo run --release --example server -- --penalty 401=4 --refund 5xx=1
 //! ```
 //!
 //! Every config field reaches the layer: route rules, `global`,
 //! `block_time`, `exclude`, `shadow`, `headers = "x" | "ietf" | "both" |
 //! "none" | "x-windows"`.
+//!
+//! A request with an `x-demo-status: NNN` header is answered with that
+//! status, to try `--penalty` and `--refund` (penalties and refunds by the
+//! response's status, `RateLimitLayer::adjust_on_response`).
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
@@ -33,7 +38,8 @@ use http::request::Parts;
 use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{
-    Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules, Store,
+    Adjustment, Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules,
+    Store,
 };
 
 /// The table used without `--config`.
@@ -104,6 +110,56 @@ pub struct Args {
     /// error is reported and the running table kept.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     reload_check_ms: u64,
+    /// A response with this status (`401`) or class (`4xx`) spends N more
+    /// of its user's budget, after an allowed request (repeatable; the
+    /// first --penalty, then --refund, that matches applies).
+    #[arg(long = "penalty", value_name = "STATUS=N", value_parser = status_and_units)]
+    penalties: Vec<(Status, u32)>,
+    /// A response with this status or class gives N of its user's budget
+    /// back (repeatable), e.g. `5xx=1`: server errors cost nothing.
+    #[arg(long = "refund", value_name = "STATUS=N", value_parser = status_and_units)]
+    refunds: Vec<(Status, u32)>,
+}
+
+/// The statuses a `--penalty` or `--refund` applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// One status code.
+    Code(u16),
+    /// A class: `4` for `4xx`.
+    Class(u16),
+}
+
+impl Status {
+    fn matches(self, status: http::StatusCode) -> bool {
+        match self {
+            Status::Code(code) => status.as_u16() == code,
+            Status::Class(class) => status.as_u16() / 100 == class,
+        }
+    }
+}
+
+/// `401=4` or `5xx=1`: a status or class, and how many units.
+fn status_and_units(text: &str) -> Result<(Status, u32), String> {
+    let bad = || format!("`{text}`: expected STATUS=N, like 401=4 or 5xx=1 (N at least 1)");
+    let (status, units) = text.split_once('=').ok_or_else(bad)?;
+    let units: u32 = units.trim().parse().map_err(|_| bad())?;
+    if units == 0 {
+        return Err(bad());
+    }
+    let status = status.trim().to_ascii_lowercase();
+    let status = match status.strip_suffix("xx") {
+        Some(class) if class.len() == 1 => match class.parse::<u16>() {
+            Ok(class @ 1..=5) => Status::Class(class),
+            _ => return Err(bad()),
+        },
+        Some(_) => return Err(bad()),
+        None => match status.parse::<u16>() {
+            Ok(code @ 100..=599) if status.len() == 3 => Status::Code(code),
+            _ => return Err(bad()),
+        },
+    };
+    Ok((status, units))
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -233,13 +289,43 @@ async fn serve<St: Store>(
     });
     let rules = ReloadableRules::new(config.rules().clone());
     let reloads = reloads(args, rules.clone(), groups.clone());
-    let layer = RateLimitLayer::new(rules, store)
-        .fail_mode(mode)
+    let mut layer = RateLimitLayer::new(rules, store).fail_mode(mode);
+    let adjustments: Vec<(Status, Adjustment)> = (args.penalties.iter())
+        .map(|&(status, n)| (status, Adjustment::Penalty(n)))
+        .chain(
+            args.refunds
+                .iter()
+                .map(|&(s, n)| (s, Adjustment::Refund(n))),
+        )
+        .collect();
+    if !adjustments.is_empty() {
+        for (status, adjustment) in &adjustments {
+            println!("after a response {status:?}: {adjustment:?}");
+        }
+        layer = layer.adjust_on_response(move |status, _| {
+            let (_, adjustment) = adjustments.iter().find(|(s, _)| s.matches(status))?;
+            Some(*adjustment)
+        });
+    }
+    let layer = layer
         .identify(move |head: &Parts| std::future::ready(identify(head, &groups.load(), &proxies)))
         // Responses keep axum's own body type: no box per response.
         .same_body();
     let app = Router::new()
-        .fallback(|uri: http::Uri| async move { format!("ok {}\n", uri.path()) })
+        .fallback(|uri: http::Uri, headers: http::HeaderMap| async move {
+            // (`x-demo-status: 401` answers 401, to try --penalty.)
+            let status = headers
+                .get("x-demo-status")
+                .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
+                .and_then(|code| http::StatusCode::from_u16(code).ok())
+                .unwrap_or(http::StatusCode::OK);
+            let word = if status.is_success() {
+                "ok"
+            } else {
+                status.as_str()
+            };
+            (status, format!("{word} {}\n", uri.path()))
+        })
         .layer(layer);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -413,6 +413,15 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     assert!(example::Args::try_parse_from(["server", "--fail-mode", "sideways"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--rfc7239"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--sentinel-master", "m"]).is_err());
+    for bad in [
+        "401", "401=0", "401=x", "6xx=1", "45x=1", "40=1", "4010=1", "xx=1", "=1",
+    ] {
+        let parsed = example::Args::try_parse_from(["server", "--penalty", bad]);
+        let error = parsed
+            .err()
+            .unwrap_or_else(|| panic!("--penalty {bad} parsed"));
+        assert!(error.to_string().contains("STATUS=N"), "{bad}: {error}");
+    }
     assert!(example::Args::try_parse_from([
         "server",
         "--redis",
@@ -429,6 +438,41 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
         "redis://127.0.0.1:2"
     ])
     .is_err());
+}
+
+/// `--penalty` and `--refund` by the response's status (`x-demo-status`
+/// makes one), on the memory store and on Redis.
+#[tokio::test]
+async fn penalties_and_refunds_follow_the_response_status() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let table = config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minute = 5 }]\n");
+    for store in [vec![], vec!["--redis", url.as_str()]] {
+        let mut flags = vec!["--config", table.path(), "--penalty", "401=3"];
+        flags.extend(["--refund", "5xx=1", "--penalty", "4xx=1"]);
+        flags.extend(&store);
+        let addr = demo(&flags).await;
+        // /a allows 5 a minute. A 401 spends 1 + 3: one more request fits.
+        let key = [("x-api-key", "k1")];
+        let failed = get(addr, "/a", &[key[0], ("x-demo-status", "401")]).await;
+        assert_eq!(failed.status, 401, "{store:?}");
+        assert_eq!(failed.body, "401 /a\n");
+        assert_eq!(failed.header("x-ratelimit-remaining"), Some("4"));
+        assert_eq!(get(addr, "/a", &key).await.status, 200, "{store:?}");
+        assert_eq!(get(addr, "/a", &key).await.status, 429, "{store:?}");
+        // Server errors cost nothing; another 4xx costs 1 more.
+        let key = [("x-api-key", "k2")];
+        for _ in 0..8 {
+            let error = get(addr, "/a", &[key[0], ("x-demo-status", "503")]).await;
+            assert_eq!(error.status, 503, "{store:?}");
+        }
+        let missing = get(addr, "/a", &[key[0], ("x-demo-status", "404")]).await;
+        assert_eq!(missing.status, 404, "{store:?}");
+        for _ in 0..3 {
+            assert_eq!(get(addr, "/a", &key).await.status, 200, "{store:?}");
+        }
+        assert_eq!(get(addr, "/a", &key).await.status, 429, "{store:?}");
+    }
 }
 
 /// Replaces a config file's text at once (written aside, then renamed

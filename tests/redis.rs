@@ -612,6 +612,32 @@ async fn script_flush_is_recovered_from() {
     }
 }
 
+/// An adjustment that meets a flushed script cache loads its script again
+/// and is made (on a Cluster too).
+#[tokio::test]
+async fn an_adjustment_after_a_script_flush_is_made() {
+    for (store, ports) in [
+        (standalone().await, vec![port_of(&shared().standalone)]),
+        (
+            cluster().await,
+            shared().cluster.iter().map(|u| port_of(u)).collect(),
+        ),
+    ] {
+        let app = App::with(one_route(Rule::new().second(2)), store, |l| {
+            l.adjust_on_response(|_, _| Some(tower_ratelimit::Adjustment::Penalty(1)))
+        });
+        for port in &ports {
+            assert_eq!(cli(*port, &["script", "flush"]), "OK");
+        }
+        // The check loads its own script again, then the penalty its own.
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
+
 /// Checks sent together (one pipeline per batch, on a multiplexed
 /// connection and through a caller's pool) each get their own answer, also
 /// when the batch meets a flushed script cache: the scripts are loaded
