@@ -2,7 +2,8 @@
 -- the memory store's sliding_log::adjust and counters::adjust are the
 -- specification): a penalty of n spends n more units whether or not they
 -- fit, a refund of n gives back up to n. Rare (once per adjusted
--- response), so written for clarity: the whole state is read and written.
+-- response), so written for clarity; but a sliding log's cost does not
+-- grow with its length (below).
 --
 -- KEYS[1]  the user's budget state, in the layout the check's script
 --          keeps it (see layout below)
@@ -40,108 +41,159 @@ local function whole_ms(us)
   return ms
 end
 
--- The sliding logs: their live entries (those still in the longest
--- window), sorted, as a list; a penalty's entries take the first free
--- microseconds at or after now (as push() in sliding_log.rs), at most the
--- largest limit of them; a refund drops the newest.
-local function adjusted(list)
-  if n > 0 then
-    local add = math.min(n, most)
-    local out, j = { }, 1
-    while j <= #list and list[j] < now do out[#out + 1] = list[j]; j = j + 1 end
-    local t = now
-    while add > 0 do
-      if list[j] == t then j = j + 1 else add = add - 1 end
-      out[#out + 1] = t
-      t = t + 1
-    end
-    while j <= #list do out[#out + 1] = list[j]; j = j + 1 end
-    return out
+-- The sliding logs (as sliding_log::adjust): entries that left the
+-- longest window go first, as a check drops them; a penalty's entries take
+-- the first free microseconds at or after now (as push() in
+-- sliding_log.rs), at most the largest limit of them and no more than
+-- leave the log twice that long; a refund drops the newest. Only the
+-- entries at or after now are read (a clock that went back, or requests
+-- in this microsecond), and the rest is found by binary search and copied
+-- by Redis, so an adjustment costs Lua the same however long the log.
+
+-- How many entries of a penalty fit a log of `live` entries.
+local function room(live)
+  return math.max(0, math.min(n, most, 2 * most - live))
+end
+
+-- The penalty's entries merged with `later`, the entries at or after now
+-- (sorted): the merged list from now, and how many were added.
+local function merged(later, add)
+  local out, j, t = { }, 1, now
+  while add > 0 do
+    if later[j] == t then j = j + 1 else add = add - 1 end
+    out[#out + 1] = t
+    t = t + 1
   end
-  for _ = 1, math.min(-n, #list) do list[#list] = nil end
-  return list
+  while j <= #later do out[#out + 1] = later[j]; j = j + 1 end
+  return out
 end
 
 if layout == 1 then
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now - longest))
-  local members = redis.call('ZRANGE', key, '0', '-1')
-  local list = { }
-  for i = 1, #members do list[i] = members[i] + 0 end
-  local before = #list
-  list = adjusted(list)
-  if #list == 0 then
-    redis.call('DEL', key)
-    return '0'
-  end
+  local live = redis.call('ZCARD', key)
   if n > 0 then
-    for i = 1, #list, 256 do
+    local add = room(live)
+    if add == 0 then return fmt('%d', live) end
+    local later = redis.call('ZRANGEBYSCORE', key, fmt('%d', now), '+inf')
+    for i = 1, #later do later[i] = later[i] + 0 end
+    local out = merged(later, add)
+    for i = 1, #out, 256 do
       local args = { 'NX' }
-      for j = i, math.min(i + 255, #list) do
-        local s = fmt('%d', list[j])
-        args[#args + 1] = s
-        args[#args + 1] = s
+      for j = i, math.min(i + 255, #out) do
+        local e = fmt('%d', out[j])
+        args[#args + 1] = e
+        args[#args + 1] = e
       end
       redis.call('ZADD', key, unpack(args))
     end
-  elseif #list < before then
-    redis.call('ZREMRANGEBYRANK', key, fmt('%d', #list), '-1')
+    live = live + add
+  else
+    local drop = math.min(-n, live)
+    if drop > 0 then redis.call('ZREMRANGEBYRANK', key, fmt('%d', -drop), '-1') end
+    live = live - drop
   end
-  -- The key lives until its newest entry leaves the longest window.
-  local ms = math.ceil((list[#list] + longest - now) / 1000)
-  if ms < 1 then ms = 1 end
-  redis.call('PEXPIRE', key, fmt('%d', ms + ttl_pad))
-  return fmt('%d', #list)
-end
-
-if layout == 2 then
-  -- The packed log: its entries from `start` to `size`, then a trailer
-  -- whose last five numbers are size, at, expires, start and fp. It is
-  -- written back whole with the trailer a check of these windows writes
-  -- after a rewrite: every window's hint at the log's start (which holds
-  -- on any clock), so the next check reads it as its own.
-  local s = redis.call('GET', key)
-  local list = { }
-  if s then
-    if #s < 40 or #s % 8 ~= 0 then
-      error('a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)')
-    end
-    local size, _, _, start = struct.unpack('<dddd', s, #s - 39)
-    if size < 0 or size % 1 ~= 0 or start < 1 or start > size + 1 or 8 * size + 40 > #s then
-      error('a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)')
-    end
-    for i = start, size do
-      local e = struct.unpack('<d', s, 8 * i - 7)
-      if e + longest > now then list[#list + 1] = e end
-    end
-  end
-  list = adjusted(list)
-  if #list == 0 then
+  if live == 0 then
     redis.call('DEL', key)
     return '0'
   end
-  local newest = list[#list]
-  -- (The TTL as straight_log_ttl.lua sets it.)
-  local slack = (longest - longest % 4) / 4
-  if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
-  local ms = whole_ms(newest + longest + slack - now)
-  local out = { }
-  for i = 1, #list do out[i] = list[i] end
+  -- The key lives until its newest entry leaves the longest window.
+  local newest = redis.call('ZRANGE', key, '-1', '-1')[1] + 0
+  local ms = math.ceil((newest + longest - now) / 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, fmt('%d', ms + ttl_pad))
+  return fmt('%d', live)
+end
+
+if layout == 2 then
+  -- The packed log: entries 1 .. size (those before `start` dropped), then
+  -- a trailer whose last five numbers are size, at, expires, start and fp
+  -- (straight_packed_log.lua). It is written back as a check of these
+  -- windows writes a log it rewrites: the live entries, then a trailer of
+  -- this rule's length with every window's hint at the log's start (which
+  -- holds on any clock), so that the next check reads it as its own.
+  local forged = 'a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)'
+  local length = redis.call('STRLEN', key)
+  local size, at, expires, start = 0, 0, 0, 1
+  if length > 0 then
+    if length < 40 or length % 8 ~= 0 then error(forged) end
+    size, at, expires, start = struct.unpack('<dddd',
+      redis.call('GETRANGE', key, fmt('%d', length - 40), fmt('%d', length - 9)))
+    if size < 0 or size % 1 ~= 0 or start < 1 or start > size + 1 or start % 1 ~= 0
+        or 8 * size + 40 > length then
+      error(forged)
+    end
+  end
+  -- (A clock that went back: the TTL is set again, as a check sets it.)
+  if now < at then expires = 0 end
+  local function entry(i)
+    local e = redis.call('GETRANGE', key, fmt('%d', 8 * i - 8), fmt('%d', 8 * i - 1))
+    if #e ~= 8 then error(forged) end
+    return (struct.unpack('<d', e))
+  end
+  -- The first index from `lo` whose entry is above `bound` (size + 1: none).
+  local function first_above(lo, bound)
+    local hi = size + 1
+    while lo < hi do
+      local mid = (lo + hi - (lo + hi) % 2) / 2
+      if entry(mid) > bound then hi = mid else lo = mid + 1 end
+    end
+    return lo
+  end
+  local function range(from, to)
+    if to < from then return '' end
+    local bytes = redis.call('GETRANGE', key, fmt('%d', 8 * from - 8), fmt('%d', 8 * to - 1))
+    if #bytes ~= 8 * (to - from + 1) then error(forged) end
+    return bytes
+  end
+  local first = first_above(start, now - longest)
+  local live = size - first + 1
+  local body, count, newest
+  if n > 0 then
+    local add = room(live)
+    if add == 0 then return fmt('%d', live) end
+    local q = first_above(first, now - 1)
+    local later = { }
+    for i = q, size do later[#later + 1] = entry(i) end
+    local out = merged(later, add)
+    local parts = { range(first, q - 1) }
+    for i = 1, #out, 64 do
+      local last = math.min(i + 63, #out)
+      parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - i + 1), unpack(out, i, last))
+    end
+    body, count, newest = table.concat(parts), live + add, out[#out]
+  else
+    count = live - math.min(-n, live)
+    if count == 0 then
+      redis.call('DEL', key)
+      return '0'
+    end
+    body = range(first, first + count - 1)
+    newest = struct.unpack('<d', body, 8 * count - 7)
+  end
+  local oldest = struct.unpack('<d', body, 1)
+  local numbers = { }
   for _ = 1, W do
-    out[#out + 1] = 1
-    out[#out + 1] = list[1]
+    numbers[#numbers + 1] = 1
+    numbers[#numbers + 1] = oldest
   end
-  out[#out + 1] = #list
-  out[#out + 1] = now
-  out[#out + 1] = now + ms * 1000
-  out[#out + 1] = 1
-  out[#out + 1] = fp
-  local bytes = { }
-  for i = 1, #out, 64 do
-    bytes[#bytes + 1] = struct.pack('<' .. string.rep('d', math.min(64, #out - i + 1)),
-      unpack(out, i, math.min(i + 63, #out)))
+  -- The TTL as straight_log_ttl.lua sets it, when the one set before ends
+  -- too soon (never a shorter one: a longer rule on the same budget may
+  -- still count its entries).
+  local px = nil
+  if expires < newest + longest then
+    local slack = (longest - longest % 4) / 4
+    if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
+    local ms = whole_ms(newest + longest + slack - now)
+    px, expires = ms + ttl_pad, now + ms * 1000
   end
-  redis.call('SET', key, table.concat(bytes), 'PX', fmt('%d', ms + ttl_pad))
-  return fmt('%d', #list)
+  for _, v in ipairs({ count, now, expires, 1, fp }) do numbers[#numbers + 1] = v end
+  local trailer = struct.pack('<' .. string.rep('d', #numbers), unpack(numbers))
+  if px then
+    redis.call('SET', key, body .. trailer, 'PX', fmt('%d', px))
+  else
+    redis.call('SET', key, body .. trailer, 'KEEPTTL')
+  end
+  return fmt('%d', count)
 end
 
 -- The counter algorithms: per window, its length then width - 1 numbers
@@ -169,13 +221,19 @@ for w = 1, W do
   end
   local m = n
   if m > limit then m = limit end
+  -- A count moved by m: at least 0, and a penalty's at most `most` (but
+  -- never below where it was).
+  local function moved(value, most)
+    if m > 0 then return math.min(value + m, math.max(most, value)) end
+    return math.max(value + m, 0)
+  end
   local k = (now - now % d) / d
   if layout == 3 then
     -- [d, current count, previous count, window number]
     if f[3] == k + 1 then k = f[3] end
     local cur, prev = 0, 0
     if f[3] == k then cur, prev = f[1], f[2] elseif f[3] == k - 1 then prev = f[1] end
-    cur = math.max(cur + m, 0)
+    cur = moved(cur, 2 * limit)
     f = { cur, prev, k }
     if (k + 2) * d > expires then expires = (k + 2) * d end
   elseif layout == 4 then
@@ -183,15 +241,16 @@ for w = 1, W do
     if f[2] == k + 1 then k = f[2] end
     local count = 0
     if f[2] == k then count = f[1] end
-    count = math.max(count + m, 0)
+    count = moved(count, 2 * limit)
     f = { count, k }
     if (k + 1) * d > expires then expires = (k + 1) * d end
   else
     -- [d, TAT]: m tokens are m refill intervals of t.
     local t = d - 1
     t = (t - t % limit) / limit + 1
-    local tat = math.max(f[1], now) + m * t
-    if tat < now then tat = now end
+    local base = math.max(f[1], now)
+    local tat = math.max(base + m * t, now)
+    if m > 0 then tat = math.min(tat, math.max(now + 2 * limit * t, base)) end
     f = { tat }
     -- (Rounded up to a whole second, as token_bucket.lua has it.)
     local ends = tat - tat % 1000000 + 1000000

@@ -453,9 +453,11 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// the user's budget in the request's own store, on its clock, before
     /// the response goes out (so the client's next request sees it); a
     /// store that fails is counted and logged (at most once a second), and
-    /// the response goes out unchanged. Its rate-limit headers describe the
-    /// request's check, before the adjustment; a denial already cached
-    /// locally stays until its wait ends.
+    /// the response goes out unchanged. Its rate-limit headers (which `f`
+    /// sees among the headers) describe the request's check, before the
+    /// adjustment; a denial already cached locally stays until its wait
+    /// ends. A gRPC call's status travels in trailers, after the response
+    /// head `f` reads: its HTTP status is 200 whatever the call's outcome.
     ///
     /// ```
     /// use axum::{http::StatusCode, routing::post, Router};

@@ -920,6 +920,10 @@ where
                     }
                 }
                 StateProj::Adjusting { fut, response } => {
+                    // (Done already: its future is not polled again.)
+                    if response.is_none() {
+                        return Poll::Pending;
+                    }
                     ready!(fut.as_mut().poll(cx));
                     let Some(response) = response.take() else {
                         return Poll::Pending;

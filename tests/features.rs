@@ -807,6 +807,24 @@ async fn only_requests_the_store_allowed_are_adjusted() {
     let (app, runs) = adjusted_by(one(Rule::new().second(1)), store, None, false);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Nor one the fallback store decided while the store is down.
+    let store = Flaky::default();
+    store.failing.store(true, Ordering::SeqCst);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = App::with(one(Rule::new().second(1)), store, move |l| {
+        l.fail_mode(FailMode::Fallback)
+            .adjust_on_response(move |_, _| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                None
+            })
+    });
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
     // Nor an unlimited one.
     let unlimited = Rules::builder()
         .route("^/a", [Rule::group("admin")])

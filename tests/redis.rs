@@ -415,6 +415,39 @@ async fn adjusted_keys_keep_a_ttl_and_refunds_leave_nothing_behind() {
     }
 }
 
+/// A packed log adjusted under a shorter rule keeps the longer TTL a check
+/// of a longer rule on the same budget set (a zone shared by both): its
+/// entries still count there.
+#[tokio::test]
+async fn an_adjusted_packed_log_keeps_a_longer_ttl() {
+    use tower_ratelimit::{Adjustment, Check, Store, Window};
+    let port = port_of(&shared().standalone);
+    let store = standalone_at(&unique_prefix()).await;
+    let hour = Check::new(
+        "z1:u",
+        [Window::new(Duration::from_secs(3600), 10).unwrap()],
+    );
+    let minute = Check::new("z1:u", [Window::new(Duration::from_secs(60), 10).unwrap()]);
+    let key = store.keys(&hour)[0].clone();
+    assert_eq!(key, store.keys(&minute)[0]);
+    assert!(store.check(hour.clone()).await.unwrap().allowed());
+    let before: i64 = cli(port, &["pttl", &key]).parse().unwrap();
+    assert!(before > 3_600_000, "pttl {before}");
+    for adjustment in [Adjustment::Penalty(2), Adjustment::Refund(1)] {
+        store.adjust(minute.clone(), adjustment).await.unwrap();
+        let after: i64 = cli(port, &["pttl", &key]).parse().unwrap();
+        assert!(
+            after > 3_600_000 && after <= before,
+            "{adjustment:?}: pttl {after}"
+        );
+    }
+    // Both rules read what it left, 1 + 2 - 1 entries, and add theirs.
+    let hourly = store.check(hour.clone()).await.unwrap();
+    assert_eq!(hourly.windows()[0].remaining, 7);
+    let minutely = store.check(minute).await.unwrap();
+    assert_eq!(minutely.windows()[0].remaining, 6);
+}
+
 #[tokio::test]
 async fn counter_states_live_until_their_longest_window_lets_go() {
     // The straight-line scripts (counter algorithms, no route-wide windows,

@@ -396,10 +396,11 @@ fn token_bucket_one(
 }
 
 /// Applies `adjustment` at `now` to a counter algorithm's state (see
-/// [`Adjustment`]): a penalty adds at most a window's limit to its count
-/// (to a bucket, that many tokens' worth of arrival time), a refund takes
-/// from the current window's count (from a bucket, tokens up to full).
-/// Returns when the state becomes garbage.
+/// [`Adjustment`]): a penalty adds at most a window's limit to its count,
+/// and never takes it beyond twice the limit (a bucket: that many tokens'
+/// worth of arrival time, never beyond twice its size ahead of now); a
+/// refund takes from the current window's count (a bucket: tokens back,
+/// up to full). Returns when the state becomes garbage.
 pub(crate) fn adjust(
     algorithm: Algorithm,
     state: &mut impl Slots,
@@ -415,14 +416,24 @@ pub(crate) fn adjust(
             Adjustment::Penalty(n) => i128::from(n.min(w.limit())),
             Adjustment::Refund(n) => -i128::from(n),
         };
-        // A count moved by n, at least 0.
-        let moved = |count: u64| u64::try_from((i128::from(count) + n).max(0)).unwrap_or(count);
+        // A value moved by n: at least 0, and a penalty's at most `most`
+        // (but never below where it was).
+        let moved = |value: u64, most: u64| {
+            let (value, most) = (i128::from(value), i128::from(most));
+            let moved = if n > 0 {
+                (value + n).min(most.max(value))
+            } else {
+                (value + n).max(0)
+            };
+            u64::try_from(moved).unwrap_or(u64::MAX)
+        };
+        let twice = 2 * u64::from(w.limit());
         state[at] = match algorithm {
             Algorithm::FixedWindow => {
                 let k = later(now / d, s[1]);
                 let count = if s[1] == k { s[2] } else { 0 };
                 expires = expires.max((k + 1) * d);
-                [d, k, moved(count), 0]
+                [d, k, moved(count, twice), 0]
             }
             Algorithm::SlidingWindow => {
                 let k = later(now / d, s[1]);
@@ -434,14 +445,22 @@ pub(crate) fn adjust(
                     (0, 0)
                 };
                 expires = expires.max((k + 2) * d);
-                [d, k, moved(cur), prev]
+                [d, k, moved(cur, twice), prev]
             }
             _ => {
-                // (n tokens are n refill intervals of arrival time; a
-                // bucket never holds more than full, at `now`.)
-                let (_, t) = bucket(w);
-                let tat = i128::from(s[1].max(now)) + n * i128::from(t);
-                let tat = u64::try_from(tat.max(i128::from(now))).unwrap_or(u64::MAX);
+                // (n tokens are n refill intervals of arrival time, from
+                // now at the earliest: a bucket never holds more than full.)
+                let (size, t) = bucket(w);
+                let base = s[1].max(now);
+                let by = u64::try_from(n.unsigned_abs())
+                    .unwrap_or(u64::MAX)
+                    .saturating_mul(t);
+                let tat = if n > 0 {
+                    let most = now.saturating_add(2 * size * t);
+                    base.saturating_add(by).min(most.max(base))
+                } else {
+                    base.saturating_sub(by).max(now)
+                };
                 expires = expires.max(tat);
                 [d, tat, 0, 0]
             }
@@ -666,6 +685,46 @@ mod tests {
                 assert!(!algorithm(&mut s, &windows, 1, S + 10, true).0.allowed());
             }
             assert_eq!(s, before);
+        }
+    }
+
+    #[test]
+    fn penalties_that_pile_up_stay_within_twice_a_window() {
+        let windows = [w(60_000, 5)];
+        let now = 10 * 60 * S;
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+        ] {
+            let mut state: Vec<Slot> = Vec::new();
+            for _ in 0..50 {
+                adjust(
+                    algorithm,
+                    &mut state,
+                    &windows,
+                    Adjustment::Penalty(u32::MAX),
+                    now,
+                );
+            }
+            let held = match algorithm {
+                Algorithm::TokenBucket => (state[0][1] - now) / bucket(&windows[0]).1,
+                _ => state[0][2],
+            };
+            assert_eq!(held, 10, "{algorithm:?}");
+            // A refund gives back no more than was spent.
+            adjust(
+                algorithm,
+                &mut state,
+                &windows,
+                Adjustment::Refund(u32::MAX),
+                now,
+            );
+            let left = match algorithm {
+                Algorithm::TokenBucket => state[0][1] - now,
+                _ => state[0][2],
+            };
+            assert_eq!(left, 0, "{algorithm:?}");
         }
     }
 }

@@ -350,8 +350,7 @@ impl State {
                 let longest = windows.last().map_or(0, |w| w.micros());
                 log.back().map_or(now, |t| t.saturating_add(longest))
             }
-            (Algorithm::SlidingLog, _) => now,
-            (algorithm, State::Slots(s)) => {
+            (algorithm, State::Slots(s)) if algorithm != Algorithm::SlidingLog => {
                 counters::adjust(algorithm, s, windows, adjustment, now)
             }
             (algorithm, state) => {
@@ -601,9 +600,11 @@ impl Store for MemoryStore {
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
         let check = check.as_ref();
-        let result = check
-            .supported()
-            .map(|()| self.adjust_now(&check, adjustment));
+        let result = check.supported().map(|()| {
+            if !adjustment.is_empty() && !check.windows.is_empty() {
+                self.adjust_now(&check, adjustment);
+            }
+        });
         Box::pin(ready(result))
     }
 }

@@ -582,9 +582,12 @@ pub enum Adjustment {
     /// Spends `n` more units in every window, whether or not they fit: the
     /// next requests are denied until the windows have room again, as if
     /// `n` more requests had been allowed now (a failed login that costs
-    /// five attempts). A window takes at most its limit of them (it is
-    /// then full); a sliding log, whose windows share its entries, at most
-    /// its largest limit (each entry beyond a shorter window's limit then
+    /// five attempts). A window takes at most its limit of them, and
+    /// never holds more than twice its limit (a token bucket is never more
+    /// than twice its size behind), so penalties that pile up hold a user
+    /// back for a bounded time; a sliding log, whose windows share its
+    /// entries, takes at most its largest limit of them and never holds
+    /// more than twice that (each entry beyond a shorter window's limit
     /// adds a microsecond to that window's wait).
     Penalty(u32),
     /// Gives back up to `n` units spent in the windows (a request whose
@@ -592,6 +595,13 @@ pub enum Adjustment {
     /// entries of a sliding log, the current window's count of a fixed or
     /// sliding window, `n` tokens of a bucket (never more than it holds).
     Refund(u32),
+}
+
+impl Adjustment {
+    /// Whether it changes nothing (a penalty or a refund of 0).
+    pub fn is_empty(self) -> bool {
+        matches!(self, Adjustment::Penalty(0) | Adjustment::Refund(0))
+    }
 }
 
 /// The future of [`Store::adjust`].
@@ -635,8 +645,9 @@ pub trait Store: Send + Sync + 'static {
     /// Applies `adjustment` to the user's budget of `check` (its budget,
     /// windows and algorithm, and the shape that picks where a store keeps
     /// them: give it the check the requests of that budget make; its cost
-    /// is not read). The built-in stores implement it; the default answers
-    /// a [`StoreErrorKind::Config`] error.
+    /// is not read). An adjustment of 0, or of a check without windows,
+    /// changes nothing. The built-in stores implement it; the default
+    /// answers a [`StoreErrorKind::Config`] error.
     ///
     /// ```
     /// use std::time::Duration;

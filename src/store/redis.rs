@@ -2011,6 +2011,9 @@ impl Store for RedisStore {
         if let Err(error) = check.as_ref().supported() {
             return Box::pin(std::future::ready(Err(error)));
         }
+        if adjustment.is_empty() || check.windows.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
         Box::pin(Self::run_adjust(self.inner.clone(), check, adjustment))
     }
 }

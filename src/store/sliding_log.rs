@@ -132,15 +132,17 @@ fn check_one(log: &mut Log, w: Window, cost: u32, now: u64, record: bool) -> Dec
 /// Applies `adjustment` at `now` to a budget of `windows` (shortest
 /// first): entries that left the longest window are dropped first, as a
 /// check drops them; a penalty of `n` takes the first `n` free microseconds
-/// at or after `now` (at most the largest limit of them), a refund of `n`
-/// drops the `n` newest entries (or all).
+/// at or after `now` (at most the largest limit of them, and no more than
+/// leave the log twice that limit long), a refund of `n` drops the `n`
+/// newest entries (or all).
 pub(crate) fn adjust(log: &mut Log, windows: &[Window], adjustment: Adjustment, now: u64) {
     let longest = windows.last().map_or(0, Window::micros);
     log.trim(|t| t.saturating_add(longest) <= now);
     match adjustment {
         Adjustment::Penalty(n) => {
             let most = windows.iter().map(Window::limit).max().unwrap_or(0);
-            let n = n.min(most);
+            let room = (2 * u64::from(most)).saturating_sub(log.len() as u64);
+            let n = u32::try_from(room).unwrap_or(u32::MAX).min(n.min(most));
             if n > 0 {
                 push(log, now, n);
             }
@@ -326,5 +328,23 @@ mod tests {
         check(&mut log, &windows, 2, 5 * S, true);
         check(&mut log, &windows, 2, 5 * S - 1, true);
         assert_eq!(log.to_vec(), [5 * S - 1, 5 * S, 5 * S + 1, 5 * S + 2]);
+    }
+
+    #[test]
+    fn penalties_that_pile_up_stay_within_twice_the_largest_limit() {
+        let mut log = Log::default();
+        let windows = [w(1, 3), w(60, 10)];
+        for _ in 0..50 {
+            adjust(&mut log, &windows, Adjustment::Penalty(u32::MAX), 5 * S);
+        }
+        assert_eq!(log.len(), 20);
+        // The first free microseconds from now, one after another.
+        assert_eq!(log.front(), Some(5 * S));
+        assert_eq!(log.back(), Some(5 * S + 19));
+        adjust(&mut log, &windows, Adjustment::Refund(15), 5 * S);
+        assert_eq!(log.to_vec(), (0..5).map(|i| 5 * S + i).collect::<Vec<_>>());
+        // Entries that left the longest window go first.
+        adjust(&mut log, &windows, Adjustment::Refund(1), 66 * S);
+        assert_eq!(log.len(), 0);
     }
 }
