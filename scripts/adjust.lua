@@ -150,7 +150,9 @@ if layout == 2 then
   local body, count, newest
   if n > 0 then
     local add = room(live)
-    if add == 0 then return fmt('%d', live) end
+    -- (With nothing to add, entries that left the window still go, as
+    -- the memory store drops them.)
+    if add == 0 and first == start then return fmt('%d', live) end
     local q = first_above(first, now - 1)
     local later = { }
     for i = q, size do later[#later + 1] = entry(i) end
@@ -160,16 +162,16 @@ if layout == 2 then
       local last = math.min(i + 63, #out)
       parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - i + 1), unpack(out, i, last))
     end
-    body, count, newest = table.concat(parts), live + add, out[#out]
+    body, count = table.concat(parts), live + add
   else
     count = live - math.min(-n, live)
-    if count == 0 then
-      redis.call('DEL', key)
-      return '0'
-    end
-    body = range(first, first + count - 1)
-    newest = struct.unpack('<d', body, 8 * count - 7)
+    if count > 0 then body = range(first, first + count - 1) end
   end
+  if count == 0 then
+    redis.call('DEL', key)
+    return '0'
+  end
+  newest = struct.unpack('<d', body, 8 * count - 7)
   local oldest = struct.unpack('<d', body, 1)
   local numbers = { }
   for _ = 1, W do
