@@ -107,10 +107,10 @@ end
 if layout == 2 then
   -- The packed log: entries 1 .. size (those before `start` dropped), then
   -- a trailer whose last five numbers are size, at, expires, start and fp
-  -- (straight_packed_log.lua). It is written back as a check of these
-  -- windows writes a log it rewrites: the live entries, then a trailer of
-  -- this rule's length with every window's hint at the log's start (which
-  -- holds on any clock), so that the next check reads it as its own.
+  -- (straight_packed_log.lua). It is left as a check of these windows
+  -- leaves a log: a trailer of this rule's length with every window's
+  -- hint at the log's start (which holds on any clock), so that the next
+  -- check reads it as its own.
   local forged = 'a sliding-log budget holds a value this script did not write (its key, which names the user, is left out)'
   local length = redis.call('STRLEN', key)
   local size, at, expires, start = 0, 0, 0, 1
@@ -147,23 +147,80 @@ if layout == 2 then
   end
   local first = first_above(start, now - longest)
   local live = size - first + 1
-  local body, count, newest
+  -- The PX for a log whose newest entry is `newest` (nil: the TTL set
+  -- before lasts long enough; never a shorter one, as a check never sets
+  -- one: a longer rule on the same budget may still count its entries),
+  -- as straight_log_ttl.lua sets it; and `expires` with it.
+  local function ttl(newest)
+    if expires >= newest + longest then return nil end
+    local slack = (longest - longest % 4) / 4
+    if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
+    local ms = whole_ms(newest + longest + slack - now)
+    expires = now + ms * 1000
+    return ms + ttl_pad
+  end
+  -- A trailer of this rule's length for `total` entries whose log starts
+  -- at index `from` with the entry `oldest`: every window's hint there.
+  local function trailer(from, total, oldest)
+    local numbers = { }
+    for _ = 1, W do
+      numbers[#numbers + 1] = from
+      numbers[#numbers + 1] = oldest
+    end
+    for _, v in ipairs({ total, now, expires, from, fp }) do numbers[#numbers + 1] = v end
+    return struct.pack('<' .. string.rep('d', #numbers), unpack(numbers))
+  end
+  local function packed(list)
+    local parts = { }
+    for i = 1, #list, 64 do
+      local last = math.min(i + 63, #list)
+      parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - i + 1), unpack(list, i, last))
+    end
+    return table.concat(parts)
+  end
+  local body, count
   if n > 0 then
     local add = room(live)
     -- (With nothing to add, entries that left the window still go, as
     -- the memory store drops them.)
     if add == 0 and first == start then return fmt('%d', live) end
     local q = first_above(first, now - 1)
-    local later = { }
-    for i = q, size do later[#later + 1] = entry(i) end
-    local out = merged(later, add)
-    local parts = { range(first, q - 1) }
-    for i = 1, #out, 64 do
-      local last = math.min(i + 63, #out)
-      parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - i + 1), unpack(out, i, last))
+    -- The usual case: no entry at or after now, or every microsecond from
+    -- now to the newest taken (as after a penalty): the new entries follow
+    -- the newest, written over the old trailer with the new one (the
+    -- entries that left the window stay before `start`, as a check leaves
+    -- them, until a check drops them), if they cover it.
+    local from = nil
+    if q > size then
+      from = now
+    else
+      local newest = entry(size)
+      if newest - now == size - q then from = newest + 1 end
     end
-    body, count = table.concat(parts), live + add
+    if from and add > 0 then
+      local added = { }
+      for i = 1, add do added[i] = from + i - 1 end
+      local oldest = from
+      if first <= size then oldest = entry(first) end
+      local px = ttl(from + add - 1)
+      local tail = packed(added) .. trailer(first, size + add, oldest)
+      if length - 8 * size <= #tail then
+        redis.call('SETRANGE', key, fmt('%d', 8 * size), tail)
+        if px then redis.call('PEXPIRE', key, fmt('%d', px)) end
+        return fmt('%d', live + add)
+      end
+    end
+    -- Otherwise the new entries take the free microseconds among those
+    -- at or after now (a clock that went back), and the log is written
+    -- whole.
+    local later = { }
+    if q <= size then
+      local bytes = range(q, size)
+      for i = 1, #bytes, 8 do later[#later + 1] = struct.unpack('<d', bytes, i) end
+    end
+    body, count = range(first, q - 1) .. packed(merged(later, add)), live + add
   else
+    -- A refund: the log without its newest entries, written whole.
     count = live - math.min(-n, live)
     if count > 0 then body = range(first, first + count - 1) end
   end
@@ -171,30 +228,15 @@ if layout == 2 then
     redis.call('DEL', key)
     return '0'
   end
-  newest = struct.unpack('<d', body, 8 * count - 7)
-  local oldest = struct.unpack('<d', body, 1)
-  local numbers = { }
-  for _ = 1, W do
-    numbers[#numbers + 1] = 1
-    numbers[#numbers + 1] = oldest
-  end
-  -- The TTL as straight_log_ttl.lua sets it, when the one set before ends
-  -- too soon (never a shorter one: a longer rule on the same budget may
-  -- still count its entries).
-  local px = nil
-  if expires < newest + longest then
-    local slack = (longest - longest % 4) / 4
-    if slack < 1000000 then slack = 1000000 elseif slack > 60000000 then slack = 60000000 end
-    local ms = whole_ms(newest + longest + slack - now)
-    px, expires = ms + ttl_pad, now + ms * 1000
-  end
-  for _, v in ipairs({ count, now, expires, 1, fp }) do numbers[#numbers + 1] = v end
-  local trailer = struct.pack('<' .. string.rep('d', #numbers), unpack(numbers))
+  local px = ttl(struct.unpack('<d', body, 8 * count - 7))
+  -- (The trailer appended by Redis: a concatenation would make Lua copy
+  -- and hash the whole log once more.)
   if px then
-    redis.call('SET', key, body .. trailer, 'PX', fmt('%d', px))
+    redis.call('SET', key, body, 'PX', fmt('%d', px))
   else
-    redis.call('SET', key, body .. trailer, 'KEEPTTL')
+    redis.call('SET', key, body, 'KEEPTTL')
   end
+  redis.call('APPEND', key, trailer(1, count, struct.unpack('<d', body, 1)))
   return fmt('%d', count)
 end
 

@@ -448,6 +448,54 @@ async fn an_adjusted_packed_log_keeps_a_longer_ttl() {
     assert_eq!(minutely.windows()[0].remaining, 6);
 }
 
+/// An adjustment of a long packed log reads a few entries, whatever the
+/// log's length (binary searches; Redis copies the rest): counted in the
+/// commands its script runs, on a server of its own.
+#[tokio::test]
+async fn an_adjustment_of_a_long_log_reads_a_few_entries() {
+    use tower_ratelimit::clock::Timestamp;
+    use tower_ratelimit::{Adjustment, Check, Store, Window};
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let t0 = START;
+    let mut reads = Vec::new();
+    for n in [1_000u32, 100_000] {
+        let window = Window::new(Duration::from_secs(3600), n).unwrap();
+        let check = Check::new(format!("r1:u{n}"), [window]).at(Timestamp::from_micros(t0));
+        store
+            .adjust(check.clone(), Adjustment::Penalty(n))
+            .await
+            .unwrap();
+        let key = store.keys(&check)[0].clone();
+        assert_eq!(server.cli(&["strlen", &key]), (8 * n + 56).to_string());
+        let before = server.calls("getrange");
+        for i in 0..10 {
+            let at = Timestamp::from_micros(t0 + 1_000 + i);
+            let check = check.clone().at(at);
+            store
+                .adjust(check.clone(), Adjustment::Refund(1))
+                .await
+                .unwrap();
+            store.adjust(check, Adjustment::Penalty(1)).await.unwrap();
+        }
+        reads.push(server.calls("getrange") - before);
+        // The log is whole: n entries, the last one refunded and taken
+        // again each time.
+        let last = store
+            .check(check.clone().at(Timestamp::from_micros(t0 + 2_000)))
+            .await;
+        assert!(!last.unwrap().allowed());
+    }
+    // Two binary searches per adjustment: about twice log2(n) reads.
+    assert!(reads[0] <= 20 * 2 * 12, "{reads:?}");
+    assert!(reads[1] <= 20 * 2 * 19, "{reads:?}");
+}
+
 #[tokio::test]
 async fn counter_states_live_until_their_longest_window_lets_go() {
     // The straight-line scripts (counter algorithms, no route-wide windows,
