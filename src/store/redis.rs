@@ -21,10 +21,12 @@
 //!
 //! A penalty or a refund ([`Store::adjust`]) is one
 //! `EVALSHA` of [`ADJUST_LUA`] on the user's key, outside the batches: it
-//! reads the budget's whole state in whichever layout its checks keep it,
-//! changes it as the memory store does (the equivalence properties mix
-//! adjustments into their checks), and writes it back with its TTL, in a
-//! form the next check reads as its own.
+//! changes the budget's state in whichever layout its checks keep it, as
+//! the memory store does (the equivalence properties mix adjustments into
+//! their checks), with its TTL, in a form the next check reads as its own.
+//! A sliding log is searched, not read whole: a penalty on a log of
+//! 100,000 entries costs Redis about what it costs on one of 1,000, a
+//! refund a copy of the log made by Redis (benches/HISTORY.md, round 27).
 //!
 //! # Connections
 //!
