@@ -300,7 +300,15 @@ async fn serve<St: Store>(
         .collect();
     if !adjustments.is_empty() {
         for (status, adjustment) in &adjustments {
-            println!("after a response {status:?}: {adjustment:?}");
+            let status = match status {
+                Status::Code(code) => code.to_string(),
+                Status::Class(class) => format!("{class}xx"),
+            };
+            match adjustment {
+                Adjustment::Penalty(n) => println!("a {status} answer spends {n} more"),
+                Adjustment::Refund(n) => println!("a {status} answer gives {n} back"),
+                _ => {}
+            }
         }
         layer = layer.adjust_on_response(move |status, _| {
             let (_, adjustment) = adjustments.iter().find(|(s, _)| s.matches(status))?;
