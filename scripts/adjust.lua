@@ -17,12 +17,14 @@
 --          window, shortest first.
 -- Reply: the number of entries a sliding log holds after it (0 for the
 -- counter algorithms), as text.
+--
+-- (The store sends straight_log_packed.lua's packed() before this file.)
 
 local fmt = string.format
-local packed = ARGV[1]
-local V = { struct.unpack('<' .. string.rep('d', #packed / 8), packed) }
+local args = ARGV[1]
+local V = { struct.unpack('<' .. string.rep('d', #args / 8), args) }
 local now, n, layout, fp = V[1], V[2], V[3], V[4]
-local W = (#packed / 8 - 4) / 2
+local W = (#args / 8 - 4) / 2
 local ttl_pad = 10000 -- see prelude.lua
 if now < 0 then
   local t = redis.call('TIME')
@@ -169,14 +171,6 @@ if layout == 2 then
     end
     for _, v in ipairs({ total, now, expires, from, fp }) do numbers[#numbers + 1] = v end
     return struct.pack('<' .. string.rep('d', #numbers), unpack(numbers))
-  end
-  local function packed(list)
-    local parts = { }
-    for i = 1, #list, 64 do
-      local last = math.min(i + 63, #list)
-      parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - i + 1), unpack(list, i, last))
-    end
-    return table.concat(parts)
   end
   local body, count
   if n > 0 then

@@ -618,8 +618,8 @@ impl<St: Store, I> Shared<St, I> {
         let store = self.store.clone();
         let state = self.state.clone();
         let clock = options.clock.clone().filter(|_| options.clock_decides);
-        let exact = options.headers_for(checked.policy).every_window();
-        let mut check = owned_check(checked.policy, checked.budget, checked.cost, None, exact);
+        // (An adjustment reports nothing: how exactly is moot.)
+        let mut check = owned_check(checked.policy, checked.budget, checked.cost, None, true);
         Box::new(move |status, headers| {
             let adjustment = hook(status, headers)?;
             check.now = clock.map(|c| c.now());

@@ -184,9 +184,13 @@ pub fn general_lua(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The script of [`Store::adjust`] (`scripts/adjust.lua`): a penalty or a
-/// refund on a user's budget, in whichever layout its checks keep it.
-pub const ADJUST_LUA: &str = include_str!("../../scripts/adjust.lua");
+/// The script of [`Store::adjust`] (`scripts/straight_log_packed.lua`, for
+/// its `packed`, + `scripts/adjust.lua`): a penalty or a refund on a
+/// user's budget, in whichever layout its checks keep it.
+pub const ADJUST_LUA: &str = concat!(
+    include_str!("../../scripts/straight_log_packed.lua"),
+    include_str!("../../scripts/adjust.lua")
+);
 
 /// The most windows a straight-line script is made for.
 const STRAIGHT_MAX_WINDOWS: usize = 5;

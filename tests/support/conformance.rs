@@ -78,6 +78,14 @@ macro_rules! conformance_suite {
     };
 }
 
+/// Every algorithm, for the tests that run each in turn on one store.
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::SlidingLog,
+    Algorithm::SlidingWindow,
+    Algorithm::FixedWindow,
+    Algorithm::TokenBucket,
+];
+
 fn one_route(pattern: &str, rules: impl IntoIterator<Item = Rule>) -> Rules {
     Rules::builder().route(pattern, rules).build().unwrap()
 }
@@ -688,12 +696,7 @@ pub async fn block_time_blocks_and_reports_the_block<St: Store>(
 
 pub async fn cost_is_spent_exactly<St: Store>(store: impl std::future::Future<Output = St>) {
     let store = std::sync::Arc::new(store.await);
-    for algorithm in [
-        Algorithm::SlidingLog,
-        Algorithm::SlidingWindow,
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-    ] {
+    for algorithm in ALGORITHMS {
         let rules = one_route("^/a", [Rule::new().minute(5).algorithm(algorithm)]);
         let app = App::with(rules, store.clone(), |l| {
             l.cost(|head| {
@@ -755,12 +758,7 @@ pub async fn adjustments_penalize_and_refund<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
     let store = std::sync::Arc::new(store.await);
-    for algorithm in [
-        Algorithm::SlidingLog,
-        Algorithm::SlidingWindow,
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-    ] {
+    for algorithm in ALGORITHMS {
         let rules = one_route("^/a", [Rule::new().minute(5).algorithm(algorithm)]);
         let (app, next) = adjusting_app(rules, store.clone());
         let set = |a: Adjustment| *next.lock().unwrap() = Some(a);
@@ -831,12 +829,7 @@ pub async fn adjustments_reach_the_user_alone<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
     let store = std::sync::Arc::new(store.await);
-    for algorithm in [
-        Algorithm::SlidingLog,
-        Algorithm::SlidingWindow,
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-    ] {
+    for algorithm in ALGORITHMS {
         // (Routes of their own: the memory store keys a route's budget by
         // the route alone, whatever its algorithm.)
         let (r, m) = (
