@@ -336,6 +336,9 @@ struct Sample {
     /// `usec_per_call` where each call is one request's check, and a
     /// batch's share where one call decides several.
     redis_script_us_per_request: f64,
+    /// `EVALSHA`'s `usec_per_call` over the pass: one request's check for
+    /// the ceiling, a batch's call of several checks for the store.
+    redis_usec_per_call: f64,
     redis_calls_per_request: f64,
     non_2xx: f64,
 }
@@ -693,9 +696,12 @@ fn cpu_ticks(pid: u32) -> u64 {
     utime + stime
 }
 
-fn redis_stats(server: &redis_server::RedisServer) -> (f64, f64) {
+/// `EVALSHA`'s time in Redis (µs) and calls, and every command the
+/// clients sent, since the last `CONFIG RESETSTAT`.
+fn redis_stats(server: &redis_server::RedisServer) -> (f64, f64, f64) {
     let info = server.cli(&["info", "commandstats"]);
     let usec = support::commandstat(&info, "evalsha", "usec");
+    let evalsha = support::commandstat(&info, "evalsha", "calls");
     // Commands the clients sent: EVALSHA plus anything a client sends
     // outside scripts (PING, UNWATCH, SCRIPT LOAD...).
     let client_calls: f64 = [
@@ -710,7 +716,7 @@ fn redis_stats(server: &redis_server::RedisServer) -> (f64, f64) {
     .iter()
     .map(|command| support::commandstat(&info, command, "calls"))
     .sum();
-    (usec, client_calls)
+    (usec, evalsha, client_calls)
 }
 
 fn pin(pid: u32, core: &str) {
@@ -1122,7 +1128,7 @@ fn main() {
             };
             // (A server that died would leave its figures to another.)
             assert_running(scenario, child);
-            let (usec, calls) = redis_stats(&redis);
+            let (usec, evalsha, calls) = redis_stats(&redis);
             let sample = Sample {
                 rps: total as f64 / elapsed,
                 p50_us: pct(0.50),
@@ -1131,12 +1137,13 @@ fn main() {
                 redis_cpu_us_per_request: redis_cpu * 1e6 / total.max(1) as f64,
                 client_cpu_us_per_request: client_cpu * 1e6 / total.max(1) as f64,
                 redis_script_us_per_request: usec / total.max(1) as f64,
+                redis_usec_per_call: if evalsha > 0.0 { usec / evalsha } else { 0.0 },
                 redis_calls_per_request: (calls / total.max(1) as f64).max(0.0),
                 non_2xx: other as f64 / total.max(1) as f64,
             };
             eprintln!(
-                "pass {pass} {scenario:<22} {:>9.0} req/s  p50 {:>5} us  p99 {:>6} us  cpu {:>5.1} us/req  redis cpu {:>5.1} us/req  script {:>5.1} us/req {:.2} calls/req  client {:>4.1} us/req  denied {:.0}%",
-                sample.rps, sample.p50_us, sample.p99_us, sample.cpu_us_per_request, sample.redis_cpu_us_per_request, sample.redis_script_us_per_request, sample.redis_calls_per_request, sample.client_cpu_us_per_request, sample.non_2xx * 100.0
+                "pass {pass} {scenario:<22} {:>9.0} req/s  p50 {:>5} us  p99 {:>6} us  cpu {:>5.1} us/req  redis cpu {:>5.1} us/req  script {:>5.1} us/req {:>5.1} us/call {:.2} calls/req  client {:>4.1} us/req  denied {:.0}%",
+                sample.rps, sample.p50_us, sample.p99_us, sample.cpu_us_per_request, sample.redis_cpu_us_per_request, sample.redis_script_us_per_request, sample.redis_usec_per_call, sample.redis_calls_per_request, sample.client_cpu_us_per_request, sample.non_2xx * 100.0
             );
             samples[i].push(sample);
         }
@@ -1154,7 +1161,7 @@ fn main() {
     let bare = index("bare").map(|i| med(i, &|s| s.rps));
     let ceiling_rps = index("ceiling").map(|i| med(i, &|s| s.rps));
     let mut table = String::from(
-        "| scenario | req/s | vs bare axum | vs ceiling | p50 µs | p99 µs | app CPU µs/req | Redis CPU µs/req | Redis script µs/req | Redis cmds/req | load gen CPU µs/req | denied |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | req/s | vs bare axum | vs ceiling | p50 µs | p99 µs | app CPU µs/req | Redis CPU µs/req | Redis script µs/req | EVALSHA µs/call | Redis cmds/req | load gen CPU µs/req | denied |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut bars = Vec::new();
     for (i, scenario) in scenarios.iter().enumerate() {
@@ -1168,17 +1175,19 @@ fn main() {
             (
                 format!("{:.1}", med(i, &|s| s.redis_cpu_us_per_request)),
                 format!("{:.1}", med(i, &|s| s.redis_script_us_per_request)),
+                format!("{:.1}", med(i, &|s| s.redis_usec_per_call)),
                 format!("{:.2}", med(i, &|s| s.redis_calls_per_request)),
             )
         } else {
             (
                 "—".to_owned(),
                 "—".to_owned(),
+                "—".to_owned(),
                 format!("{:.2}", med(i, &|s| s.redis_calls_per_request)),
             )
         };
         table.push_str(&format!(
-            "| {scenario} | {rps:.0} | {} | {} | {:.0} | {:.0} | {:.1} | {} | {} | {} | {:.1} | {:.0}% |\n",
+            "| {scenario} | {rps:.0} | {} | {} | {:.0} | {:.0} | {:.1} | {} | {} | {} | {} | {:.1} | {:.0}% |\n",
             ratio(bare),
             if scenario.starts_with("redis") {
                 ratio(ceiling_rps)
@@ -1191,6 +1200,7 @@ fn main() {
             redis_cols.0,
             redis_cols.1,
             redis_cols.2,
+            redis_cols.3,
             med(i, &|s| s.client_cpu_us_per_request),
             med(i, &|s| s.non_2xx) * 100.0,
         ));
