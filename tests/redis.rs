@@ -160,6 +160,24 @@ fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// Held by the tests that flush the shared servers' script caches: a
+/// second flush between a check's reload of its script and its retry
+/// fails that check (and the layer fails it open, uncounted), so two such
+/// tests must not flush at once.
+static SCRIPT_FLUSH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A standalone store and a Cluster store, each with the ports of its
+/// servers.
+async fn standalone_and_cluster() -> [(RedisStore, Vec<u16>); 2] {
+    [
+        (standalone().await, vec![port_of(&shared().standalone)]),
+        (
+            cluster().await,
+            shared().cluster.iter().map(|u| port_of(u)).collect(),
+        ),
+    ]
+}
+
 /// Every key under `prefix` on a standalone server.
 fn keys(port: u16, prefix: &str) -> Vec<String> {
     let out = cli(port, &["--scan", "--pattern", &format!("{prefix}:*")]);
@@ -666,13 +684,8 @@ async fn replicas_whose_clocks_differ_by_five_seconds_agree_on_the_server_clock(
 
 #[tokio::test]
 async fn script_flush_is_recovered_from() {
-    for (store, ports) in [
-        (standalone().await, vec![port_of(&shared().standalone)]),
-        (
-            cluster().await,
-            shared().cluster.iter().map(|u| port_of(u)).collect(),
-        ),
-    ] {
+    let _flushing = SCRIPT_FLUSH.lock().await;
+    for (store, ports) in standalone_and_cluster().await {
         let app = App::new(one_route(Rule::new().second(2)), store);
         assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
         for port in &ports {
@@ -697,13 +710,8 @@ async fn script_flush_is_recovered_from() {
 /// and is made (on a Cluster too).
 #[tokio::test]
 async fn an_adjustment_after_a_script_flush_is_made() {
-    for (store, ports) in [
-        (standalone().await, vec![port_of(&shared().standalone)]),
-        (
-            cluster().await,
-            shared().cluster.iter().map(|u| port_of(u)).collect(),
-        ),
-    ] {
+    let _flushing = SCRIPT_FLUSH.lock().await;
+    for (store, ports) in standalone_and_cluster().await {
         let app = App::with(one_route(Rule::new().second(2)), store, |l| {
             l.adjust_on_response(|_, _| Some(tower_ratelimit::Adjustment::Penalty(1)))
         });
