@@ -212,7 +212,8 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         _ => e.to_string(),
     })?;
     let text = match &args.config {
-        Some(path) => std::fs::read_to_string(path)
+        Some(path) => tokio::fs::read_to_string(path)
+            .await
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
         None => {
             println!("No --config given; using the built-in demo table:\n\n{DEMO}");
@@ -383,7 +384,7 @@ fn reloads(
         let Some(path) = path else {
             return std::future::pending().await;
         };
-        let mut last = std::fs::read_to_string(&path).ok();
+        let mut last = tokio::fs::read_to_string(&path).await.ok();
         // A changed text is loaded once two looks in a row read it: a file
         // being written (truncated, then filled) is not taken half-way.
         let mut seen: Option<String> = None;
