@@ -612,6 +612,12 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_is_one_pair_of_cache_lines() {
+        assert_eq!(std::mem::size_of::<Entry>(), 128);
+        assert_eq!(std::mem::align_of::<Entry>(), 128);
+    }
     use crate::clock::ManualClock;
     use crate::rules::Window;
     use std::time::Duration;
