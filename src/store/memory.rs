@@ -612,15 +612,15 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
+    use crate::rules::Window;
+    use std::time::Duration;
 
     #[test]
     fn an_entry_is_one_pair_of_cache_lines() {
         assert_eq!(std::mem::size_of::<Entry>(), 128);
         assert_eq!(std::mem::align_of::<Entry>(), 128);
     }
-    use crate::clock::ManualClock;
-    use crate::rules::Window;
-    use std::time::Duration;
 
     #[test]
     fn sweep_reclaims_budgets_with_empty_windows() {
