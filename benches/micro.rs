@@ -2,7 +2,7 @@
 //! makes: one hot budget, 100,000 budgets, 2 threads); the whole layer on
 //! the memory store (route matching, identity, check, headers), allowed,
 //! denied and unmatched, with 10 and 100 routes (unmatched is route
-//! matching alone); decision -> headers (the layer with its headers on,
+//! matching alone), the routes plain prefixes or regular expressions; decision -> headers (the layer with its headers on,
 //! less the layer with them off); and the Redis store's check, per
 //! algorithm, on a throwaway `redis-server` the bench starts on a free port
 //! (skipped with a note when `redis-server` is not on PATH), or on the
@@ -80,14 +80,20 @@ fn memory_store(c: &mut Criterion) {
     group.finish();
 }
 
-fn rules(n: usize, limit: u32) -> Rules {
+/// `n` routes, the last `/hot`: plain prefixes (matched by comparing
+/// them), or regular expressions (matched by the table's regex set).
+fn rules(n: usize, limit: u32, regex: bool) -> Rules {
     let mut builder = Rules::builder();
     for i in 0..n - 1 {
-        builder = builder.route(format!("^/api/v{i}/"), [Rule::new().second(limit)]);
+        let pattern = match regex {
+            false => format!("^/api/v{i}/"),
+            true => format!("^/api/v{i}/[a-z]+"),
+        };
+        builder = builder.route(pattern, [Rule::new().second(limit)]);
     }
     builder
         .route(
-            "^/hot",
+            if regex { "^/ho+t" } else { "^/hot" },
             [Rule::new().second(limit).minute(limit).hour(limit)],
         )
         .build()
@@ -97,10 +103,12 @@ fn rules(n: usize, limit: u32) -> Rules {
 fn layer(c: &mut Criterion) {
     let mut group = c.benchmark_group("layer");
     for routes in [10, 100] {
-        for (name, limit, path) in [
-            ("allowed", u32::MAX, "/hot"),
-            ("denied", 1, "/hot"),
-            ("unmatched", 1, "/elsewhere"),
+        for (name, limit, path, regex) in [
+            ("allowed", u32::MAX, "/hot", false),
+            ("denied", 1, "/hot", false),
+            ("unmatched", 1, "/elsewhere", false),
+            ("allowed_regex", u32::MAX, "/hot", true),
+            ("unmatched_regex", 1, "/elsewhere", true),
         ] {
             let inner = tower::service_fn(|_req: Request<()>| {
                 ready(Ok::<_, Infallible>(Response::new(Full::new(
@@ -109,7 +117,8 @@ fn layer(c: &mut Criterion) {
             });
             let mut service = tower::ServiceBuilder::new()
                 .layer(
-                    RateLimitLayer::new(rules(routes, limit), MemoryStore::new()).identify(Global),
+                    RateLimitLayer::new(rules(routes, limit, regex), MemoryStore::new())
+                        .identify(Global),
                 )
                 .service(inner);
             group.bench_with_input(BenchmarkId::new(name, routes), &path, |b, path| {

@@ -6,8 +6,10 @@
 //! any window leaves its group unlimited.
 //!
 //! A request is limited by the **first** route whose pattern matches its
-//! path **and** that has a rule for the request's group and method. All
-//! patterns are matched in one pass with a [`regex::RegexSet`].
+//! path **and** that has a rule for the request's group and method. A
+//! table of plain `^/prefix` patterns is matched by comparing prefixes;
+//! any other is matched in one pass of a regex set that finds every route
+//! whose pattern matches anywhere in the path, as each pattern alone would.
 //!
 //! ```
 //! use std::time::Duration;
@@ -1057,20 +1059,30 @@ impl RulesBuilder {
             });
         }
         // Every pattern compiled alone above, so only size limits can fail
-        // here; they are reported as a parse error of the whole table.
-        let set = regex_automata::meta::Regex::new_many(
-            &self
-                .routes
-                .iter()
-                .map(|r| r.pattern.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| {
-            ConfigError::new(
-                Location::default(),
-                ConfigErrorKind::Parse(format!("the route patterns together are too large: {e}")),
+        // here; they are reported as a parse error of the whole table. (The
+        // set reports every pattern that matches anywhere in the path only
+        // with `MatchKind::All`: under the default leftmost-first semantics
+        // an overlapping search stops at the first pattern's match and
+        // misses routes that match later in the path or end later.)
+        let set = regex_automata::meta::Regex::builder()
+            .configure(
+                regex_automata::meta::Config::new().match_kind(regex_automata::MatchKind::All),
             )
-        })?;
+            .build_many(
+                &self
+                    .routes
+                    .iter()
+                    .map(|r| r.pattern.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .map_err(|e| {
+                ConfigError::new(
+                    Location::default(),
+                    ConfigErrorKind::Parse(format!(
+                        "the route patterns together are too large: {e}"
+                    )),
+                )
+            })?;
         let exclude_at = |field: String| Location {
             field: Some(field),
             ..Location::default()
@@ -1633,6 +1645,101 @@ mod tests {
                 budget(&rules, "/r70/x", "g"),
                 budget(&rules, "/elsewhere", "g")
             );
+        }
+    }
+
+    /// A route whose pattern matches later in the path, or ends later, than
+    /// an earlier route's is still a candidate (regression: the regex set
+    /// once ran leftmost-first, and an overlapping search stopped at the
+    /// first route's match).
+    #[test]
+    fn every_route_matching_the_path_is_a_candidate() {
+        let tables: [(&[&str], &str, &[usize]); 5] = [
+            (&["^/api", "^/api/v[0-9]+/"], "/api/v1/x", &[0, 1]),
+            (&["^/z", "^/z/", "/y$"], "/z/1", &[0, 1]),
+            (&["^/a", "towns"], "/a/towns", &[0, 1]),
+            (&["^/a", "towns", "^/a/t"], "/a/towns/y", &[0, 1, 2]),
+            (&["o", "^/b", "b.*x$"], "/foobar/x", &[0, 2]),
+        ];
+        for (patterns, path, expected) in tables {
+            let mut builder = Rules::builder();
+            for p in patterns {
+                builder = builder.route(*p, [Rule::new().second(1)]);
+            }
+            let rules = builder.build().unwrap();
+            assert!(rules.inner.prefixes.is_none(), "{patterns:?}");
+            assert_eq!(matched(&rules, path), expected, "{patterns:?} {path:?}");
+        }
+        // So a later route applies when the first one has no rule for the
+        // request's method (or group).
+        let rules = Rules::builder()
+            .route("^/api", [Rule::new().method("POST").minute(3)])
+            .route("^/api/v[0-9]+/", [Rule::new().minute(5)])
+            .build()
+            .unwrap();
+        assert_eq!(
+            budget(&rules, "/api/v1/x", "default"),
+            key::pattern_id("^/api/v[0-9]+/").to_string()
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// The routes a path matches, by the table's literal prefixes or its
+        /// regex set, in up to 64 routes or more, are exactly those whose
+        /// own regex matches it.
+        #[test]
+        fn candidates_are_the_routes_whose_regex_matches(
+            patterns in proptest::collection::vec(
+                (
+                    proptest::bool::ANY,
+                    proptest::collection::vec(
+                        proptest::sample::select(vec![
+                            "/a", "/b", "/a/", "/[0-9]+", "towns", ".*", "/y", "[ab]", "x?",
+                        ]),
+                        1..4,
+                    ),
+                    proptest::bool::weighted(0.2),
+                ),
+                1..8,
+            ),
+            paths in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::sample::select(vec!["/a", "/b", "/1", "/23", "/y", "towns", "/x"]),
+                    0..5,
+                ),
+                1..6,
+            ),
+            padding in proptest::sample::select(vec![0usize, 70]),
+        ) {
+            let mut patterns: Vec<String> = patterns
+                .into_iter()
+                .map(|(anchored, atoms, end)| {
+                    format!("{}{}{}", if anchored { "^" } else { "" }, atoms.concat(), if end { "$" } else { "" })
+                })
+                .collect();
+            patterns.dedup();
+            // Routes that never match, to take the table past 64 routes.
+            let mut table: Vec<String> = (0..padding).map(|i| format!("^/none{i}$")).collect();
+            table.extend(patterns);
+            table.sort();
+            table.dedup();
+            let mut builder = Rules::builder();
+            for p in &table {
+                builder = builder.route(p.as_str(), [Rule::new().second(1)]);
+            }
+            let rules = builder.build().unwrap();
+            for path in paths {
+                let path = path.concat();
+                let expected: Vec<usize> = table
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| regex::Regex::new(p).unwrap().is_match(&path))
+                    .map(|(i, _)| i)
+                    .collect();
+                proptest::prop_assert_eq!(matched(&rules, &path), expected, "{:?} {:?}", table, path);
+            }
         }
     }
 

@@ -149,6 +149,55 @@ async fn ietf_headers_describe_every_window() {
     assert_eq!(denied.header("retry-after"), Some("1"));
 }
 
+/// The first matching route with a rule for the request's method and group
+/// applies, whichever of its patterns match later in the path or end later
+/// (a table of regexes, not only literal prefixes).
+#[tokio::test]
+async fn a_later_route_applies_when_an_earlier_match_has_no_rule_for_the_request() {
+    let rules = Rules::from_toml(
+        r#"
+        [[routes]]
+        path = "^/api"
+        rules = [{ method = "POST", minute = 3 }, { group = "admin", minute = 9 }]
+
+        [[routes]]
+        path = "^/api/v[0-9]+/"
+        rules = [{ minute = 2 }]
+
+        [[routes]]
+        path = "towns"
+        rules = [{ second = 1 }]
+        "#,
+    )
+    .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    // GET by the default group: the first route has no rule for it.
+    for remaining in ["1", "0"] {
+        let reply = app.get("/api/v1/x", "u").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("2"));
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+    }
+    assert_eq!(
+        app.get("/api/v1/x", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // POST takes the first route's rule; the admin group its own.
+    let post = app
+        .send(http::Method::POST, "/api/v1/x", Some(b"u"), None)
+        .await;
+    assert_eq!(post.header("x-ratelimit-limit"), Some("3"));
+    let admin = app.get_as("/api/v1/x", "u", "admin").await;
+    assert_eq!(admin.header("x-ratelimit-limit"), Some("9"));
+    // An unanchored pattern matching after the first route's prefix.
+    let towns = app.get("/api/towns", "u").await;
+    assert_eq!(towns.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(
+        app.get("/api/towns", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[tokio::test]
 async fn excluded_paths_and_methods_are_never_limited() {
     let rules = Rules::builder()
