@@ -20,7 +20,8 @@
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
-//! header, the user is the client IP, in group `default`. Keys are kept
+//! header (or with an empty one), the user is the client IP, in group
+//! `default`. Keys are kept
 //! apart from IPs (a key `203.0.113.7` is not that client).
 
 use std::collections::BTreeMap;
@@ -465,7 +466,8 @@ fn identify(
     groups: &BTreeMap<String, String>,
     proxies: &ForwardedIp,
 ) -> Result<Identity, IdentityError> {
-    if let Some(key) = head.headers.get("x-api-key") {
+    // (An empty key is no key: the client is known by its address.)
+    if let Some(key) = head.headers.get("x-api-key").filter(|k| !k.is_empty()) {
         let group = key
             .to_str()
             .ok()

@@ -20,7 +20,8 @@
 //!             async move {
 //!                 Ok(match key {
 //!                     Some(key) if key == b"admin-key" => Identity::new(key).with_group("admin"),
-//!                     Some(key) => Identity::new(key),
+//!                     // ("key:": no key can be "anonymous".)
+//!                     Some(key) => Identity::new([b"key:".as_slice(), &key].concat()),
 //!                     None => Identity::new("anonymous"),
 //!                 })
 //!             }

@@ -180,6 +180,26 @@ async fn the_built_in_table_limits_a_client_and_not_an_admin() {
 }
 
 #[tokio::test]
+async fn a_key_is_its_own_user_and_an_empty_key_is_none() {
+    let file = config_file(MINUTE_TABLE);
+    let addr = demo(&["--config", file.path()]).await;
+    let remaining = |a: &Answer| a.header("x-ratelimit-remaining").map(str::to_owned);
+    // The client's address: 2 a minute.
+    let by_ip = get(addr, "/a", &[]).await;
+    assert_eq!(remaining(&by_ip).as_deref(), Some("1"), "{by_ip:?}");
+    // An empty key is the same client, not a budget every client shares.
+    let empty = get(addr, "/a", &[("x-api-key", "")]).await;
+    assert_eq!(remaining(&empty).as_deref(), Some("0"), "{empty:?}");
+    // A key, even one that reads as the client's address, is a user of its
+    // own.
+    for key in ["k", "127.0.0.1"] {
+        let keyed = get(addr, "/a", &[("x-api-key", key)]).await;
+        assert_eq!(remaining(&keyed).as_deref(), Some("1"), "{key}: {keyed:?}");
+    }
+    assert_eq!(get(addr, "/a", &[]).await.status, 429);
+}
+
+#[tokio::test]
 async fn the_example_config_file_is_what_the_server_runs() {
     let addr = demo(&["--config", "examples/ratelimit.toml"]).await;
     // [exclude]: /health is never limited, nor an OPTIONS request.
