@@ -251,6 +251,14 @@ impl Options {
     pub(crate) fn shadow_for(&self, policy: &Policy) -> bool {
         policy.shadow || self.shadow.unwrap_or(policy.table_shadow)
     }
+
+    /// The block time a check under `policy` carries. A block is
+    /// enforcement: a rule in shadow mode neither sets one nor is held by
+    /// one, so it never denies, not even after its shadow period.
+    #[inline]
+    pub(crate) fn block_for(&self, policy: &Policy) -> Option<std::time::Duration> {
+        policy.block.filter(|_| !self.shadow_for(policy))
+    }
 }
 
 impl<St, I, M> Clone for RateLimitLayer<St, I, M> {

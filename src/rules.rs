@@ -221,7 +221,9 @@ impl Rule {
 
     /// Blocks a user who exceeds this rule for `duration`: every request of
     /// theirs to the route is denied until it ends (set atomically with the
-    /// denial; `Retry-After` and the headers report the block).
+    /// denial; `Retry-After` and the headers report the block). The block is
+    /// on the rule's budget, so in a [zone](Self::zone) it holds every route
+    /// whose rule also has a block time. In shadow mode no block is set.
     pub fn block_time(mut self, duration: Duration) -> Self {
         self.block_time = Some(duration);
         self
@@ -486,7 +488,8 @@ impl Route {
     }
 
     /// Shadow mode for this route: decide, log and set headers, but never
-    /// deny (to roll out new limits safely).
+    /// deny (to roll out new limits safely); its rules' block times set no
+    /// block.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
         self

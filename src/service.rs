@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -317,7 +317,7 @@ impl Checked<'_> {
     /// How long since the asynchronous store was asked, if one was: its
     /// answer (or failure) and the layer's few steps after it, read when an
     /// event is logged.
-    fn latency(&self) -> Option<std::time::Duration> {
+    fn latency(&self) -> Option<Duration> {
         self.started.map(|started| started.elapsed())
     }
 }
@@ -415,7 +415,7 @@ impl<St: Store, I> Shared<St, I> {
                 budget: &g.budget,
                 windows: &g.windows,
             }),
-            block: policy.block,
+            block: options.block_for(policy),
             // (Only the IETF and per-window headers show every window.)
             exact_windows: options.headers_for(policy).every_window(),
         };
@@ -491,7 +491,14 @@ impl<St: Store, I> Shared<St, I> {
     #[inline(never)]
     fn wait(&self, policy: &Arc<Policy>, check: CheckRef<'_>) -> Verdict<St::Future> {
         let cost = check.cost;
-        let check = owned_check(policy, check.budget, cost, check.now, check.exact_windows);
+        let check = owned_check(
+            policy,
+            check.budget,
+            cost,
+            check.now,
+            check.block,
+            check.exact_windows,
+        );
         // (One reading of the system clock for both.)
         let started = Instant::now();
         let asked = self.now_or(|| started);
@@ -619,7 +626,15 @@ impl<St: Store, I> Shared<St, I> {
         let state = self.state.clone();
         let clock = options.clock.clone().filter(|_| options.clock_decides);
         // (An adjustment reports nothing: how exactly is moot.)
-        let mut check = owned_check(checked.policy, checked.budget, checked.cost, None, true);
+        let block = options.block_for(checked.policy);
+        let mut check = owned_check(
+            checked.policy,
+            checked.budget,
+            checked.cost,
+            None,
+            block,
+            true,
+        );
         Box::new(move |status, headers| {
             let adjustment = hook(status, headers)?;
             check.now = clock.map(|c| c.now());
@@ -691,6 +706,7 @@ fn owned_check(
     budget: &str,
     cost: u32,
     now: Option<crate::clock::Timestamp>,
+    block: Option<Duration>,
     exact_windows: bool,
 ) -> Check {
     Check {
@@ -703,7 +719,7 @@ fn owned_check(
             .global
             .as_ref()
             .map(|g| GlobalCheck::new(g.budget.clone(), g.windows.clone())),
-        block: policy.block,
+        block,
         exact_windows,
     }
 }

@@ -149,6 +149,62 @@ async fn ietf_headers_describe_every_window() {
     assert_eq!(denied.header("retry-after"), Some("1"));
 }
 
+/// A block is enforcement: a shadow rule's would-be denials set none, so
+/// neither another route sharing its zone nor the rule itself once out of
+/// shadow mode is ever held by one (on a store that decides at once and
+/// on one the layer waits for).
+#[tokio::test]
+async fn shadow_mode_never_sets_a_block() {
+    let table = |shadow: bool| {
+        Rules::builder()
+            .add_route(
+                Route::new("^/za")
+                    .rules([Rule::new()
+                        .zone("z")
+                        .second(1)
+                        .block_time(Duration::from_secs(30))])
+                    .shadow(shadow),
+            )
+            .route(
+                "^/zb",
+                [Rule::new()
+                    .zone("z")
+                    .second(100)
+                    .block_time(Duration::from_secs(30))],
+            )
+            .build()
+            .unwrap()
+    };
+    for waited in [false, true] {
+        let store = Flaky::default();
+        let shadowed = match waited {
+            false => App::new(table(true), store.inner.clone()),
+            true => App::new(table(true), store.clone()),
+        };
+        for _ in 0..3 {
+            let reply = shadowed.get("/za", "u").await;
+            assert_eq!(reply.status, StatusCode::OK, "waited: {waited}");
+            assert_eq!(reply.header("retry-after"), None);
+        }
+        // The zone's other route: its own 100 a second, no block.
+        let other = shadowed.get("/zb", "u").await;
+        assert_eq!(other.status, StatusCode::OK, "waited: {waited}: {other:?}");
+        // The same budgets, the route out of shadow mode, a second later
+        // (its window empty): allowed, not held by a block.
+        let enforced = App::new(table(false), store.inner.clone());
+        enforced.advance(Duration::from_millis(1_100));
+        let reply = enforced.get("/za", "u").await;
+        assert_eq!(reply.status, StatusCode::OK, "waited: {waited}: {reply:?}");
+        assert_eq!(
+            enforced.get("/za", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        if waited {
+            assert!(store.calls() >= 4);
+        }
+    }
+}
+
 /// The first matching route with a rule for the request's method and group
 /// applies, whichever of its patterns match later in the path or end later
 /// (a table of regexes, not only literal prefixes).
