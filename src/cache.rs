@@ -98,7 +98,8 @@ impl DenialCache {
     }
 
     /// Remembers that `budget` is denied for requests of `cost` under
-    /// `policy` until `now + decision.retry_after()`.
+    /// `policy` until `now + decision.retry_after()`, or until its
+    /// constraining window frees a slot if that is sooner.
     pub(crate) fn insert(
         &self,
         budget: &str,
@@ -107,8 +108,19 @@ impl DenialCache {
         now: u64,
         decision: &Decision,
     ) {
-        let Some(wait) = decision.retry_after().filter(|w| !w.is_zero()) else {
+        let Some(retry) = decision.retry_after().filter(|w| !w.is_zero()) else {
             return;
+        };
+        // Replayed, the decision's windows are as the store saw them, so it
+        // is kept no longer than they hold: until its constraining window
+        // (the one its headers report) frees a slot, if that comes before
+        // the retry (a tie at 0 remaining, the shorter window not the one
+        // that denies).
+        let reset = decision.reset_after();
+        let wait = if reset.is_zero() {
+            retry
+        } else {
+            retry.min(reset)
         };
         let until = now.saturating_add(crate::clock::duration_micros(wait));
         let mut shard = self
@@ -186,6 +198,35 @@ mod tests {
         assert!(cache.get("b", 7, 2, 10_999).is_some());
         assert!(cache.get("b", 7, 2, 11_000).is_none());
         assert_eq!(cache.len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_denial_is_kept_only_while_its_constraining_window_holds() {
+        use crate::store::WindowState;
+        use crate::Window;
+        // 1 a 500 ms window, 2 a 2 s one, both spent: the headers report the
+        // shorter window, which frees a slot in 500 ms; the request waits
+        // 1.4 s for the longer one.
+        let windows = [
+            WindowState::new(Window::new(Duration::from_millis(500), 1).unwrap(), 0),
+            WindowState::new(Window::new(Duration::from_secs(2), 2).unwrap(), 0),
+        ];
+        let decision = Decision::new(
+            false,
+            Some(Duration::from_millis(1_400)),
+            Duration::from_millis(500),
+            windows,
+        );
+        let cache = DenialCache::new(100);
+        cache.insert("b", 0, 1, 0, &decision);
+        let hit = cache.get("b", 0, 1, 499_999).unwrap();
+        assert_eq!(hit.reset_after(), Duration::from_micros(1));
+        assert_eq!(hit.retry_after(), Some(Duration::from_micros(900_001)));
+        // Past it, the replay would report a window that has moved on.
+        assert!(cache.get("b", 0, 1, 500_000).is_none());
+        // A decision whose reset is no sooner than its wait keeps the wait.
+        cache.insert("c", 0, 1, 0, &denied(10));
+        assert!(cache.get("c", 0, 1, 9_999).is_some());
     }
 
     #[test]

@@ -512,8 +512,13 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
 
     /// The local denial cache: budgets the store denied are denied
     /// in-process until their wait ends, with no store call (exact, since
-    /// denied requests consume nothing). On by default with room for
-    /// [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns it off.
+    /// denied requests consume nothing), or sooner, when the window the
+    /// headers report frees a slot first: a replayed denial's headers are
+    /// the store's own, its waits shortened by the time since. (With the
+    /// IETF or per-window headers, a window they show beside that one keeps
+    /// the remaining count the store gave, which time can only raise.) On
+    /// by default with room for [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns
+    /// it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {
         self.options.denial_cache = capacity;
         self.fresh()

@@ -369,6 +369,47 @@ async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
     assert_eq!(store.calls(), 10);
 }
 
+/// A cached denial's headers are the store's own: replayed only while the
+/// window they report still holds (here, two spent windows, the shorter
+/// one reported, freeing a slot long before the request may pass).
+#[tokio::test]
+async fn a_cached_denial_reports_what_the_store_would() {
+    let rules = || {
+        Rules::builder()
+            .route(
+                "^/a",
+                [Rule::new()
+                    .per(Duration::from_millis(500), 1)
+                    .per(Duration::from_secs(2), 2)],
+            )
+            .build()
+            .unwrap()
+    };
+    let store = Flaky::default();
+    let cached = App::with(rules(), store.clone(), |l| l.headers(HeaderMode::Both));
+    let direct = App::with(rules(), MemoryStore::new(), |l| l.headers(HeaderMode::Both));
+    let headers = [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "retry-after",
+        "ratelimit",
+    ];
+    for step_ms in [0, 600, 0, 300, 300, 200, 600] {
+        cached.advance_ms(step_ms);
+        direct.advance_ms(step_ms);
+        let (a, b) = (cached.get("/a", "u").await, direct.get("/a", "u").await);
+        assert_eq!(a.status, b.status);
+        for name in headers {
+            assert_eq!(a.header(name), b.header(name), "{name} at +{step_ms} ms");
+        }
+    }
+    // (Denials at 0.6, 0.9, 1.2 and 1.4 s: those at 0.9 and 1.4 s were
+    // answered from the cache, the one at 1.2 s by the store, the first
+    // denial's shorter window having freed a slot at 1.1 s.)
+    assert_eq!(store.calls(), 5);
+}
+
 #[tokio::test]
 async fn a_cached_denial_serves_only_the_rule_that_was_denied() {
     // Two routes share a zone's budget with other limits: a denial on the
