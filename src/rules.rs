@@ -707,7 +707,7 @@ impl RulesInner {
     /// without exclusions, the common one, never comes here.)
     #[inline(never)]
     fn excluded(&self, method: &Method, path: &str) -> bool {
-        self.exclude_methods.contains(method)
+        self.exclude_methods.iter().any(|m| applies(m, method))
             || self
                 .exclude_paths
                 .as_ref()
@@ -919,7 +919,8 @@ impl RulesBuilder {
         self
     }
 
-    /// Never limits requests with `method` (e.g. `OPTIONS`).
+    /// Never limits requests with `method` (e.g. `OPTIONS`); excluding `GET`
+    /// excludes `HEAD` too, as a `GET` rule limits `HEAD` requests.
     pub fn exclude_method(mut self, method: impl AsRef<str>) -> Self {
         self.exclude_methods
             .push(method.as_ref().to_ascii_uppercase());

@@ -273,6 +273,21 @@ async fn excluded_paths_and_methods_are_never_limited() {
         assert_eq!(options.status, StatusCode::OK);
     }
     assert_eq!(app.identity_calls(), 0);
+    // Excluding GET excludes HEAD, which GET rules limit.
+    let rules = Rules::builder()
+        .route("^/", [Rule::new().method("GET").second(1)])
+        .exclude_method("GET")
+        .build()
+        .unwrap();
+    let get_excluded = App::new(rules, MemoryStore::new());
+    for _ in 0..3 {
+        let head = get_excluded
+            .send(http::Method::HEAD, "/x", Some(b"u"), None)
+            .await;
+        assert_eq!(head.status, StatusCode::OK);
+        assert!(!head.limited());
+    }
+    assert_eq!(get_excluded.identity_calls(), 0);
     app.get("/x", "u").await;
     assert_eq!(
         app.get("/x", "u").await.status,
