@@ -1,7 +1,8 @@
 //! How a [`Decision`] becomes response headers and denial responses.
 //!
 //! Every limited response carries, for the *constraining* window (the one
-//! with the fewest requests remaining; ties go to the shorter window):
+//! with the fewest requests remaining; ties go to the user's own window
+//! before a route-wide one, then to the shorter):
 //!
 //! | header | value |
 //! |---|---|

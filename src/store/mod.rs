@@ -470,13 +470,15 @@ impl Decision {
         Duration::from_micros(self.reset_after)
     }
 
-    /// Every window of the rule, shortest first.
+    /// Every window of the rule, shortest first, then those of its
+    /// route-wide limit (if any), shortest first.
     pub fn windows(&self) -> &[WindowState] {
         self.windows.as_slice()
     }
 
-    /// The window with the fewest requests remaining (ties: the shorter
-    /// window): the one the `X-RateLimit-*` headers describe.
+    /// The window with the fewest requests remaining (ties: the first in
+    /// [`windows`](Self::windows)' order, the user's before the route's,
+    /// each shortest first): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
         self.constraining_index()
             .and_then(|i| self.windows().get(i))
