@@ -21,8 +21,8 @@
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
 //! header (or with an empty one), the user is the client IP, in group
-//! `default`. Keys are kept
-//! apart from IPs (a key `203.0.113.7` is not that client).
+//! `default`. Keys are kept apart from IPs (a key `203.0.113.7` is not
+//! that client).
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
