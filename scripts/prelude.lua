@@ -89,9 +89,14 @@ if block > 0 then
   if blocked_until and blocked_until > now then
     return blocked(blocked_until - now)
   end
+  -- The block holds for the block time or this request's wait, the
+  -- longer: a user blocked for less than the wait would be denied and
+  -- blocked again when the block ends, so every blocked answer's wait is
+  -- the time until the user can pass.
   block_user = function(retry)
-    redis.call('SET', KEYS[2], fmt('%d', now + block), 'PX',
-      fmt('%d', math.max(math.ceil(block / 1000), 1) + ttl_pad))
-    return blocked(math.max(block, retry))
+    local hold = math.max(block, retry)
+    redis.call('SET', KEYS[2], fmt('%d', now + hold), 'PX',
+      fmt('%d', math.max(math.ceil(hold / 1000), 1) + ttl_pad))
+    return blocked(hold)
   end
 end

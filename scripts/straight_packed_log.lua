@@ -324,11 +324,12 @@ elseif size > 0 and ttl_pad > 0 and now > at then
   redis.call('SETRANGE', key, 8 * size + $ATOFFSET, struct.pack('<d', now))
 end
 
--- A denial blocks the user for the block time (or the wait, if longer).
+-- A denial blocks the user for the block time or the wait, the longer
+-- (see prelude.lua's block_user).
 if allowed == 0 and block > 0 then
-  redis.call('SET', $KEY2, string.format('%d', now + block), 'PX',
-    string.format('%d', math.max(math.ceil(block / 1000), 1) + ttl_pad))
   local wait = math.max(block, retry)
+  redis.call('SET', $KEY2, string.format('%d', now + wait), 'PX',
+    string.format('%d', math.max(math.ceil(wait / 1000), 1) + ttl_pad))
   return struct.pack('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})
 end
 

@@ -29,6 +29,7 @@ macro_rules! conformance_suite {
             identity_errors_are_answered_401,
             route_wide_limits_are_shared_and_atomic,
             block_time_blocks_and_reports_the_block,
+            a_block_shorter_than_the_wait_reports_the_wait,
             cost_is_spent_exactly,
             adjustments_penalize_and_refund,
             adjustments_reach_the_user_alone,
@@ -692,6 +693,57 @@ pub async fn block_time_blocks_and_reports_the_block<St: Store>(
     app.advance_ms(1);
     assert_eq!(app.get("/login", "u").await.status, StatusCode::OK);
     assert_eq!(app.inner_calls(), 4);
+}
+
+/// A block shorter than the denied request's wait holds for the wait: every
+/// blocked answer, on any replica, reports when the user can pass, and the
+/// user passes then (a block that ended first would leave the user denied by
+/// the window and blocked again).
+pub async fn a_block_shorter_than_the_wait_reports_the_wait<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let store = std::sync::Arc::new(store.await);
+    for algorithm in ALGORITHMS {
+        let rule = Rule::new()
+            .minute(2)
+            .block_time(Duration::from_secs(10))
+            .algorithm(algorithm);
+        let rules = one_route("^/login", [rule]);
+        let app = App::new(rules.clone(), store.clone());
+        // Another replica's layer (its own denial cache) at `secs` after.
+        let replica_at = |secs: u64| {
+            App::on_clock_at(
+                rules.clone(),
+                store.clone(),
+                super::START + secs * 1_000_000,
+            )
+        };
+        let user = format!("short-block-{algorithm:?}");
+        assert_eq!(app.get("/login", &user).await.status, StatusCode::OK);
+        assert_eq!(app.get("/login", &user).await.status, StatusCode::OK);
+        let denied = app.get("/login", &user).await;
+        assert_eq!(
+            denied.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?}"
+        );
+        let wait = denied.number("retry-after");
+        assert!(wait > 10, "{algorithm:?}: a wait of {wait} s");
+        let blocked = replica_at(5).get("/login", &user).await;
+        assert_eq!(
+            blocked.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm:?}"
+        );
+        assert_eq!(blocked.number("retry-after"), wait - 5, "{algorithm:?}");
+        // (The wait may end within its last second: Retry-After rounds up.)
+        let last = replica_at(wait - 1).get("/login", &user).await;
+        assert_eq!(last.status, StatusCode::TOO_MANY_REQUESTS, "{algorithm:?}");
+        assert_eq!(last.number("retry-after"), 1, "{algorithm:?}");
+        let after = replica_at(wait).get("/login", &user).await;
+        assert_eq!(after.status, StatusCode::OK, "{algorithm:?}");
+        assert_eq!(app.inner_calls(), 2, "{algorithm:?}");
+    }
 }
 
 pub async fn cost_is_spent_exactly<St: Store>(store: impl std::future::Future<Output = St>) {
