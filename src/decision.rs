@@ -15,6 +15,7 @@
 //! would be allowed, rounded **up**, at least 1, the largest wait among the
 //! windows that deny), and an RFC 9457 `application/problem+json` body.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -358,6 +359,19 @@ pub(crate) fn too_many_requests() -> Response<Bytes> {
     response
 }
 
+/// The default answer to a request that costs more than one of its
+/// windows' limits: denied, and never to be allowed (no `Retry-After`).
+pub(crate) fn too_costly() -> Response<Bytes> {
+    problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        "This request costs more than the rate limit allows in one window; it can never be allowed.",
+    )
+}
+
+/// The wait a client is told when the store is unavailable and the layer
+/// fails closed.
+pub(crate) const STORE_RETRY: Duration = Duration::from_secs(1);
+
 /// The answer when the store failed and the layer fails closed.
 pub(crate) fn store_unavailable() -> Response<Bytes> {
     let mut response = problem(
@@ -451,46 +465,104 @@ pub(crate) enum GrpcStatus {
 
 impl GrpcStatus {
     /// The gRPC answer to an identity error of HTTP `status`: 401 (the
-    /// default) is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, a server
-    /// error (such as a peer address the server did not record)
-    /// `INTERNAL`, any other client error `INVALID_ARGUMENT`.
+    /// default) is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`; 429, 502, 503
+    /// and 504 are `UNAVAILABLE` (retryable), as gRPC's own HTTP-to-gRPC
+    /// mapping has them; any other server error (such as a peer address the
+    /// server did not record) is `INTERNAL`, any other client error
+    /// `INVALID_ARGUMENT`.
     pub(crate) fn of_identity_error(status: StatusCode) -> Self {
-        match status {
-            StatusCode::UNAUTHORIZED => Self::Unauthenticated,
-            StatusCode::FORBIDDEN => Self::PermissionDenied,
-            s if s.is_server_error() => Self::Internal,
+        match status.as_u16() {
+            401 => Self::Unauthenticated,
+            403 => Self::PermissionDenied,
+            429 | 502 | 503 | 504 => Self::Unavailable,
+            s if s >= 500 => Self::Internal,
             _ => Self::InvalidArgument,
         }
     }
 }
 
+/// What a gRPC answer tells the client about retrying.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Pushback {
+    /// Nothing (the client's retry policy decides).
+    Unsaid,
+    /// Retry after this long: `retry-after` (seconds, rounded up) and
+    /// `grpc-retry-pushback-ms`.
+    After(Duration),
+    /// Do not retry: the request can never pass (a negative pushback, which
+    /// gRPC clients read as "do not retry").
+    Never,
+}
+
 /// A gRPC "trailers-only" answer: HTTP 200, `grpc-status` and
-/// `grpc-message` in the headers, no body; a denial also carries the wait
-/// in `retry-after` (seconds) and `grpc-retry-pushback-ms`.
-pub(crate) fn grpc(status: GrpcStatus, message: &str, retry: Option<Duration>) -> Response<Bytes> {
+/// `grpc-message` (percent-encoded) in the headers, no body, and the
+/// `pushback`. Its content type is the request's when that is gRPC-Web's
+/// (`application/grpc-web*`), so a gRPC-Web client reads the answer too.
+pub(crate) fn grpc(
+    request: &HeaderMap,
+    status: GrpcStatus,
+    message: &str,
+    pushback: Pushback,
+) -> Response<Bytes> {
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    let content_type = request
+        .get(CONTENT_TYPE)
+        .filter(|v| v.as_bytes().starts_with(b"application/grpc-web"))
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, content_type);
     headers.insert(GRPC_STATUS, HeaderValue::from(status as u16));
-    // grpc-message is percent-encoded; these messages are plain ASCII.
-    if let Ok(message) = HeaderValue::from_str(message) {
+    if let Ok(message) = HeaderValue::from_str(&grpc_message(message)) {
         headers.insert(GRPC_MESSAGE, message);
     }
-    if let Some(retry) = retry {
-        headers.insert(RETRY_AFTER, number(retry_after_secs(retry)));
-        let ms = u64::try_from(retry.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+    match pushback {
+        Pushback::Unsaid => {}
+        Pushback::After(retry) => {
+            headers.insert(RETRY_AFTER, number(retry_after_secs(retry)));
+            let ms = u64::try_from(retry.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+        }
+        Pushback::Never => {
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+        }
     }
     response
 }
+
+/// `message` percent-encoded as `grpc-message` wants it: every byte of its
+/// UTF-8 outside printable ASCII (0x20 to 0x7E), and `%` itself, as `%XX`.
+fn grpc_message(message: &str) -> Cow<'_, str> {
+    let plain = |b: u8| (0x20..=0x7e).contains(&b) && b != b'%';
+    if message.bytes().all(plain) {
+        return Cow::Borrowed(message);
+    }
+    let mut out = String::with_capacity(message.len() + 16);
+    for b in message.bytes() {
+        if plain(b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    Cow::Owned(out)
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
-/// Whether a request is gRPC (`content-type: application/grpc*`).
+/// Whether a request is gRPC: `content-type: application/grpc`, alone or
+/// followed by `+` (a codec), `;` (parameters) or `-` (gRPC-Web's
+/// `application/grpc-web*`).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    headers.get(CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .strip_prefix(b"application/grpc")
+            .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b'-')))
+    })
 }

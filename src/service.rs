@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::{BodyMode, Wrapped};
-use crate::decision::{self, GrpcStatus, RateHeaders};
+use crate::decision::{self, GrpcStatus, Pushback, RateHeaders};
 use crate::identity::{ClientIp, Identify, Identity, IdentityError};
 use crate::key;
 use crate::layer::RuleSource;
@@ -479,7 +479,7 @@ impl<St: Store, I> Shared<St, I> {
             Some(f) => f(error),
             None if decision::is_grpc(&head.headers) => {
                 let status = GrpcStatus::of_identity_error(error.status());
-                decision::grpc(status, error.message(), None)
+                decision::grpc(&head.headers, status, error.message(), Pushback::Unsaid)
             }
             None => decision::problem(error.status(), error.message()),
         };
@@ -597,7 +597,12 @@ impl<St: Store, I> Shared<St, I> {
                     || (None, checked.latency()),
                 );
                 let response = if decision::is_grpc(request) {
-                    decision::grpc(GrpcStatus::Unavailable, "rate limiter unavailable", None)
+                    decision::grpc(
+                        request,
+                        GrpcStatus::Unavailable,
+                        "rate limiter unavailable",
+                        Pushback::After(decision::STORE_RETRY),
+                    )
                 } else {
                     decision::store_unavailable()
                 };
@@ -686,14 +691,32 @@ impl<St: Store, I> Shared<St, I> {
         {
             cache.insert(checked.budget, policy.id, checked.cost, asked, &decision);
         }
+        // A request that costs more than a window's limit can never pass:
+        // it is told no wait.
+        let never = decision.exceeds_limit(checked.cost);
         let response = match &options.on_blocked {
             Some(f) => f(&decision),
             None if decision::is_grpc(request) => decision::grpc(
+                request,
                 GrpcStatus::ResourceExhausted,
-                "rate limit exceeded",
-                decision.retry_after(),
+                if never {
+                    "request costs more than the rate limit allows"
+                } else {
+                    "rate limit exceeded"
+                },
+                match decision.retry_after() {
+                    _ if never => Pushback::Never,
+                    Some(retry) => Pushback::After(retry),
+                    None => Pushback::Unsaid,
+                },
             ),
+            None if never => decision::too_costly(),
             None => decision::too_many_requests(),
+        };
+        let headers = if never {
+            headers.without_retry()
+        } else {
+            headers
         };
         Verdict::Answer(response, Some(headers))
     }

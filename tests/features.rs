@@ -319,11 +319,16 @@ async fn grpc_requests_are_denied_the_grpc_way() {
     assert!(denied.body.is_empty());
     assert_eq!(app.inner_calls(), 1);
     // An identity failure is UNAUTHENTICATED (401, the default), or what
-    // the identity's status says: 403 PERMISSION_DENIED, a server error
-    // INTERNAL, another client error INVALID_ARGUMENT.
+    // the identity's status says, as gRPC maps HTTP statuses: 403
+    // PERMISSION_DENIED, 429 and 502 to 504 UNAVAILABLE; another server
+    // error INTERNAL, another client error INVALID_ARGUMENT.
     for (status, grpc) in [
         (None, "16"),
         (Some("403"), "7"),
+        (Some("429"), "14"),
+        (Some("502"), "14"),
+        (Some("503"), "14"),
+        (Some("504"), "14"),
         (Some("500"), "13"),
         (Some("400"), "3"),
     ] {
@@ -338,6 +343,139 @@ async fn grpc_requests_are_denied_the_grpc_way() {
             .await;
         assert_eq!(reply.header("grpc-status"), Some(grpc), "{status:?}");
     }
+}
+
+/// `grpc-message` is percent-encoded (gRPC's rule: bytes outside printable
+/// ASCII, and `%`), so a client decodes the message exactly; a gRPC-Web
+/// request's denial keeps its content type; a look-alike content type is
+/// not gRPC.
+#[tokio::test]
+async fn grpc_answers_encode_their_message_and_keep_grpc_web() {
+    let app = App::new(one(Rule::new().second(1)), MemoryStore::new());
+    let message = "key 100%41\nrejected: é";
+    let hex: String = message.bytes().map(|b| format!("{b:02x}")).collect();
+    let failed = app
+        .send_request(
+            Request::builder()
+                .uri("/a")
+                .header("content-type", "application/grpc")
+                .header("x-fail-message-hex", hex)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(failed.header("grpc-status"), Some("16"));
+    assert_eq!(
+        failed.header("grpc-message"),
+        Some("key 100%2541%0Arejected: %C3%A9")
+    );
+    let web = |content_type: &'static str| {
+        Request::builder()
+            .method("POST")
+            .uri("/a")
+            .header("content-type", content_type)
+            .header("x-user", "web")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        app.send_request(web("application/grpc-web+proto"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let denied = app.send_request(web("application/grpc-web-text")).await;
+    assert_eq!(denied.status, StatusCode::OK);
+    assert_eq!(denied.header("grpc-status"), Some("8"));
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/grpc-web-text")
+    );
+    let other = app.send_request(web("application/grpcx")).await;
+    assert_eq!(other.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(other.header("grpc-status"), None);
+}
+
+/// A request that costs more than a window's limit can never pass: it is
+/// denied without a `Retry-After` (no wait would let it through), and a
+/// gRPC client is told not to retry (a pushback of -1); one that costs the
+/// whole limit passes.
+#[tokio::test]
+async fn a_request_costlier_than_the_limit_is_told_no_wait() {
+    let app = App::with(
+        one(Rule::new().second(10).minute(5)),
+        MemoryStore::new(),
+        |l| {
+            l.cost(|head| {
+                head.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+        },
+    );
+    let request = |cost: &'static str, grpc: bool| {
+        let mut request = Request::builder()
+            .method("POST")
+            .uri("/a")
+            .header("x-user", "u")
+            .header("x-cost", cost);
+        if grpc {
+            request = request.header("content-type", "application/grpc");
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let denied = app.send_request(request("6", false)).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), None);
+    assert_eq!(denied.number("x-ratelimit-remaining"), 5);
+    assert!(
+        denied.body.contains("can never be allowed"),
+        "{:?}",
+        denied.body
+    );
+    let grpc = app.send_request(request("6", true)).await;
+    assert_eq!(grpc.header("grpc-status"), Some("8"));
+    assert_eq!(grpc.header("grpc-retry-pushback-ms"), Some("-1"));
+    assert_eq!(grpc.header("retry-after"), None);
+    // The whole limit is a cost that can pass; once it is spent, the next
+    // request waits, and is told how long.
+    assert_eq!(
+        app.send_request(request("5", false)).await.status,
+        StatusCode::OK
+    );
+    let waits = app.send_request(request("1", true)).await;
+    assert_eq!(waits.header("grpc-status"), Some("8"));
+    assert_eq!(waits.header("retry-after"), Some("60"));
+    assert_eq!(waits.header("grpc-retry-pushback-ms"), Some("60000"));
+    assert_eq!(app.inner_calls(), 1);
+}
+
+/// Failing closed, a gRPC client is told to come back in a second, as an
+/// HTTP client is by `Retry-After`.
+#[tokio::test]
+async fn failing_closed_tells_a_grpc_client_when_to_retry() {
+    let store = Flaky::default();
+    store.failing.store(true, Ordering::SeqCst);
+    let app = App::with(one(Rule::new().second(1)), store, |l| {
+        l.fail_mode(FailMode::Closed)
+    });
+    let reply = app
+        .send_request(
+            Request::builder()
+                .method("POST")
+                .uri("/a")
+                .header("x-user", "u")
+                .header("content-type", "application/grpc")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(reply.header("grpc-status"), Some("14"));
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.header("grpc-retry-pushback-ms"), Some("1000"));
+    assert_eq!(app.get("/a", "u").await.header("retry-after"), Some("1"));
+    assert_eq!(app.inner_calls(), 0);
 }
 
 #[tokio::test]

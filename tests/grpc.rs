@@ -173,3 +173,69 @@ async fn the_example_answers_reflection_unlimited() {
     }
     server.abort();
 }
+
+/// An identity error's message reaches a real gRPC client exactly, `%`,
+/// newline and non-ASCII included (the layer percent-encodes
+/// `grpc-message`, as the client decodes it); a request that costs more
+/// than the limit is refused with a pushback of -1 (do not retry).
+#[tokio::test]
+async fn a_real_client_reads_messages_exactly_and_is_told_not_to_retry() {
+    use tower_ratelimit::identity::{Identity, IdentityError};
+    use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+    const MESSAGE: &str = "key 100%41 rejected\nretry: nö";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let rules = Rules::builder()
+        .route(r"^/grpc\.health\.v1\.Health/", [Rule::new().minute(2)])
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(rules, MemoryStore::new())
+        .identify(|head: &http::request::Parts| {
+            let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
+            std::future::ready(
+                key.map(Identity::new)
+                    .ok_or_else(|| IdentityError::new(MESSAGE)),
+            )
+        })
+        .cost(|head| {
+            if head.headers.contains_key("x-heavy") {
+                3
+            } else {
+                1
+            }
+        });
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let mut client = client(addr).await;
+    let failed = client.check(health_check()).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unauthenticated);
+    assert_eq!(failed.message(), MESSAGE);
+    let mut heavy = health_check();
+    heavy
+        .metadata_mut()
+        .insert("x-api-key", "carol".parse().unwrap());
+    heavy.metadata_mut().insert("x-heavy", "1".parse().unwrap());
+    let refused = client.check(heavy).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(
+        refused.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "-1"
+    );
+    assert!(refused.metadata().get("retry-after").is_none());
+    // The refused request spent nothing: the whole budget is left.
+    let mut light = health_check();
+    light
+        .metadata_mut()
+        .insert("x-api-key", "carol".parse().unwrap());
+    let reply = client.check(light).await.unwrap();
+    assert_eq!(reply.metadata().get("x-ratelimit-remaining").unwrap(), "1");
+    server.abort();
+}

@@ -464,6 +464,25 @@ impl Decision {
         (self.retry_after != NO_RETRY).then(|| Duration::from_micros(self.retry_after))
     }
 
+    /// Whether a request of `cost` can never pass under this decision's
+    /// windows: it costs more than one of their limits. The stores then
+    /// report the whole window as [`retry_after`](Self::retry_after); the
+    /// layer sends no `Retry-After` for it (and a gRPC client a pushback of
+    /// `-1`: do not retry).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Decision, Window, WindowState};
+    ///
+    /// let minute = WindowState::new(Window::new(Duration::from_secs(60), 5), 5);
+    /// let denied = Decision::new(false, Some(Duration::from_secs(60)), Duration::ZERO, [minute]);
+    /// assert!(denied.exceeds_limit(6));
+    /// assert!(!denied.exceeds_limit(5));
+    /// ```
+    pub fn exceeds_limit(&self, cost: u32) -> bool {
+        self.windows().iter().any(|w| cost > w.window().limit())
+    }
+
     /// Time until the [constraining](Self::constraining) window frees its
     /// next slot (zero when that window is empty).
     pub fn reset_after(&self) -> Duration {

@@ -68,9 +68,14 @@ pub fn header_identity(
         .get("x-fail-status")
         .and_then(|v| http::StatusCode::from_bytes(v.as_bytes()).ok())
         .unwrap_or(http::StatusCode::UNAUTHORIZED);
+    // `x-fail-message-hex`: the error's message, as bytes a header cannot carry.
+    let fail_message = head
+        .headers
+        .get("x-fail-message-hex")
+        .map(|hex| String::from_utf8_lossy(&decode_hex(hex.as_bytes())).into_owned())
+        .unwrap_or_else(|| "missing x-user".to_owned());
     async move {
-        let user =
-            user.ok_or_else(|| IdentityError::new("missing x-user").with_status(fail_status))?;
+        let user = user.ok_or_else(|| IdentityError::new(fail_message).with_status(fail_status))?;
         let identity = Identity::new(user);
         Ok(match group {
             Some(g) => identity.with_group(g),
