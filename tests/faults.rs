@@ -477,3 +477,138 @@ async fn one_slow_reply_keeps_the_connection() {
         "the store connected again after one timeout"
     );
 }
+
+/// Connected clients a server counts (the asking `redis-cli` among them).
+fn connected_clients(server: &RedisServer) -> u64 {
+    info_number(&server.cli(&["info", "clients"]), "connected_clients")
+}
+
+fn info_number(info: &str, field: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
+}
+
+/// A connection the server closed while it was idle (its `timeout`, a load
+/// balancer or a NAT would; here `CLIENT KILL`) is found by the store's
+/// keepalive and replaced by itself, before a request needs it: no request
+/// after it fails, and the scripts the server kept are not loaded again.
+async fn closed_while_idle(shape: Shape) {
+    let server = RedisServer::start();
+    let builder = match shape {
+        Shape::Own | Shape::OwnBatched => RedisStore::builder().url(server.url()),
+        Shape::Pool | Shape::PoolBatched => RedisStore::builder().pool(
+            deadpool_redis::Config::from_url(server.url())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .unwrap(),
+        ),
+    };
+    let batched = matches!(shape, Shape::OwnBatched | Shape::PoolBatched);
+    let builder = builder.keepalive(Some(Duration::from_millis(100)));
+    let app = app_with(builder, FailMode::Closed, batched).await;
+    let first = app.get("/x", "u").await;
+    assert!(
+        first.status == StatusCode::OK && first.limited(),
+        "{first:?}"
+    );
+    let loads = server.calls("script|load");
+    assert!(loads > 0);
+    let killed: u64 = server
+        .cli(&["client", "kill", "type", "normal"])
+        .parse()
+        .unwrap();
+    assert!(killed >= 1, "{killed}");
+    // (Only the asking redis-cli, until the store is back.)
+    let started = Instant::now();
+    while connected_clients(&server) < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the store never connected again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..20 {
+        let reply = app.get("/x", &format!("after{i}")).await;
+        assert!(
+            reply.status == StatusCode::OK && reply.limited(),
+            "request {i} after the reconnect: {reply:?}"
+        );
+    }
+    assert_eq!(server.calls("script|load"), loads);
+    assert!(server.calls("script|exists") >= 2);
+}
+
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_replaced_before_a_request_needs_it() {
+    closed_while_idle(Shape::Own).await;
+}
+
+#[tokio::test]
+async fn a_pooled_connection_closed_while_idle_is_replaced_too() {
+    closed_while_idle(Shape::PoolBatched).await;
+}
+
+/// A Cluster master down is no reason to replace the whole Cluster client:
+/// the client reconnects to that node by itself, so the store neither makes
+/// new connections to the other masters nor loads its scripts on them again
+/// (every app replica doing so on every failed request made a storm), and
+/// every request still ends within the deadline.
+#[tokio::test]
+async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
+    use support::redis_server::RedisCluster;
+    let mut cluster = RedisCluster::start();
+    // (Each user's budget alone: the checks spread over the masters.)
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Open,
+        true,
+    )
+    .await;
+    // Until every master has served a check (a cluster just made may
+    // answer its first commands with an error).
+    let settled = Instant::now();
+    for i in 0.. {
+        app.get("/x", &format!("warm{i}")).await;
+        if cluster.nodes.iter().all(|n| n.calls("evalsha") > 0) {
+            break;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(10),
+            "the cluster never served"
+        );
+    }
+    let survivors = &cluster.nodes[1..];
+    let stats = |nodes: &[RedisServer]| -> Vec<(u64, u64)> {
+        nodes
+            .iter()
+            .map(|n| {
+                let received =
+                    info_number(&n.cli(&["info", "stats"]), "total_connections_received");
+                (n.calls("script|load"), received)
+            })
+            .collect()
+    };
+    let before = stats(survivors);
+    cluster.nodes[0].kill();
+    let mut worst = Duration::ZERO;
+    for i in 0..100 {
+        let started = Instant::now();
+        app.get("/x", &format!("during{i}")).await;
+        worst = worst.max(started.elapsed());
+    }
+    let after = stats(&cluster.nodes[1..]);
+    for ((loads, received), (loads_after, received_after)) in before.iter().zip(&after) {
+        assert_eq!(
+            loads_after, loads,
+            "scripts loaded again: {before:?} -> {after:?}"
+        );
+        // (The `redis-cli` calls of `stats` themselves, and a connection or
+        // two the client may make to read the slots again.)
+        assert!(
+            received_after - received <= 8,
+            "connections: {before:?} -> {after:?}"
+        );
+    }
+    assert!(worst < DEADLINE + SLACK, "slowest request {worst:?}");
+}

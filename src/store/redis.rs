@@ -564,6 +564,36 @@ impl Scripts {
     /// together (one round trip, not one per script), and a Cluster
     /// client sends each to every master (it would send a pipeline of
     /// them to one node).
+    /// Loads the scripts the server does not have (`SCRIPT EXISTS` first:
+    /// a server that keeps them, as it does across a reconnect, gets one
+    /// command instead of one load per script; a Cluster client asks every
+    /// master, and a script counts as there only if every master has it).
+    async fn ensure<C: ConnectionLike + Clone>(&self, conn: &mut C) -> RedisResult<()> {
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS");
+        for script in self.all() {
+            exists.arg(script.get_hash());
+        }
+        let there: Vec<bool> = match exists.query_async(conn).await {
+            Ok(there) => there,
+            // (A proxy that does not know the command: load them all.)
+            Err(e) if !broken(&e) && !e.is_timeout() => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        if there.len() != self.all().count() {
+            return self.load(conn).await;
+        }
+        let loads = self
+            .all()
+            .zip(there)
+            .filter(|(_, there)| !there)
+            .map(|(script, _)| {
+                let mut conn = conn.clone();
+                async move { script.prepare_invoke().load_async(&mut conn).await }
+            });
+        futures_util::future::try_join_all(loads).await.map(drop)
+    }
+
     async fn load<C: ConnectionLike + Clone>(&self, conn: &mut C) -> RedisResult<()> {
         let loads = self.all().map(|script| {
             let mut conn = conn.clone();
@@ -595,8 +625,22 @@ fn suffix(check: &Check) -> &'static str {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
 /// Consecutive timeouts after which a connection is presumed dead.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
+
+/// How a [`Lazy`] treats its kind of connection.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// See [`Lazy::drop_when_broken`].
+    drop_when_broken: bool,
+    /// See [`Lazy::heals`].
+    heals: bool,
+    /// See [`Lazy::keepalive`]; `None` for none.
+    keepalive: Option<Duration>,
+    /// The deadline of a keepalive ping.
+    ping_timeout: Duration,
+}
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Connect<C> = Box<dyn Fn() -> BoxFuture<RedisResult<C>> + Send + Sync>;
@@ -1237,6 +1281,13 @@ struct Lazy<C> {
     /// Whether a broken connection is dropped at once (a multiplexed
     /// connection never recovers; the cluster client heals itself).
     drop_when_broken: bool,
+    /// Whether the connection is a Cluster client's, which reconnects to a
+    /// node itself: an I/O error from one node (a master down) is no reason
+    /// to replace the whole client (and reload every script on every node).
+    heals: bool,
+    /// Set by every reply; the keepalive task clears it, and pings a
+    /// connection that stayed idle.
+    used: AtomicBool,
     scripts: Arc<Scripts>,
     /// Whether a batch's checks of one kind go as one call of their batch
     /// script; turned off for good when the server refuses a call whose
@@ -1251,7 +1302,7 @@ struct Lazy<C> {
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     fn new(
         connect: Connect<C>,
-        drop_when_broken: bool,
+        shape: Shape,
         scripts: Arc<Scripts>,
         load_timeout: Duration,
     ) -> Arc<Self> {
@@ -1260,7 +1311,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             connect,
             reconnecting: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
-            drop_when_broken,
+            drop_when_broken: shape.drop_when_broken,
+            heals: shape.heals,
+            used: AtomicBool::new(false),
             scripts,
             combine: AtomicBool::new(true),
             load_timeout,
@@ -1269,26 +1322,64 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 
     /// Connects now, or, when that fails (logged, naming `what`), keeps
     /// trying in the background: a store is usable before Redis is, its
-    /// checks failing meanwhile.
+    /// checks failing meanwhile. With a `keepalive` period, a connection
+    /// left idle that long is pinged (see [`keepalive`](Self::keepalive)).
     async fn launch(
         connect: Connect<C>,
-        drop_when_broken: bool,
+        shape: Shape,
         scripts: Arc<Scripts>,
         load_timeout: Duration,
         what: &str,
     ) -> Arc<Self> {
-        let lazy = Self::new(connect, drop_when_broken, scripts, load_timeout);
+        let lazy = Self::new(connect, shape, scripts, load_timeout);
         if let Err(error) = lazy.try_connect().await {
             tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
             lazy.reconnect();
         }
+        if let Some(period) = shape.keepalive.filter(|p| !p.is_zero()) {
+            lazy.keepalive(period, shape.ping_timeout);
+        }
         lazy
+    }
+
+    /// Pings the connection whenever a whole `period` passed without a
+    /// reply on it: a connection the server (its `timeout`), a load
+    /// balancer or a NAT closed while idle is found, and replaced, before a
+    /// request needs it, and one kept busy is never closed for idleness.
+    /// Never while checks flow (no command per request). Ends with the store.
+    fn keepalive(self: &Arc<Self>, period: Duration, ping_timeout: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(this) = weak.upgrade() else { return };
+                if this.used.swap(false, Ordering::Relaxed) {
+                    continue;
+                }
+                let Some(mut conn) = this.get() else { continue };
+                let ping = redis::cmd("PING");
+                match tokio::time::timeout(ping_timeout, ping.query_async::<()>(&mut conn)).await {
+                    Ok(result) => this.observe(&result),
+                    Err(_) => this.observe_timeout(),
+                }
+                // (A ping's own reply marked the connection used.)
+                this.used.store(false, Ordering::Relaxed);
+            }
+        });
     }
 
     async fn try_connect(&self) -> Result<(), RedisError> {
         let mut conn = (self.connect)().await?;
-        // Loaded once per connection, so calls find them by SHA.
-        tokio::time::timeout(self.load_timeout, self.scripts.load(&mut conn))
+        // Loaded once per connection, so calls find them by SHA (those the
+        // server has already, from before or from another replica, are not
+        // sent again).
+        tokio::time::timeout(self.load_timeout, self.scripts.ensure(&mut conn))
             .await
             .map_err(|_| {
                 io_error(
@@ -1395,11 +1486,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 
     fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>) {
         match result {
-            Ok(_) => self.timeouts.store(0, Ordering::Relaxed),
+            Ok(_) => {
+                self.timeouts.store(0, Ordering::Relaxed);
+                self.used.store(true, Ordering::Relaxed);
+            }
             // (redis-rs reports its response timeout as an I/O error: it is
             // checked first, so one slow reply does not drop the connection.)
             Err(e) if e.is_timeout() => self.observe_timeout(),
-            Err(e) if broken(e) => self.drop_and_reconnect(),
+            Err(e) if broken(e) && !self.heals => self.drop_and_reconnect(),
             // (Not on a Cluster, whose client follows a failover itself.)
             Err(e) if self.drop_when_broken && read_only(e) => self.drop_and_reconnect(),
             Err(_) => {}
@@ -1486,6 +1580,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     combine_checks: bool,
+    keepalive: Option<Duration>,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -1494,6 +1589,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("combine_checks", &self.combine_checks)
+            .field("keepalive", &self.keepalive)
             .finish_non_exhaustive()
     }
 }
@@ -1507,6 +1603,7 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             combine_checks: true,
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 
@@ -2131,6 +2228,31 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How long the store's connection (its own, or the one it holds from
+    /// a caller's pool; not a Cluster client's, which heals node by node)
+    /// may stay idle before the store pings it (default 1 s; `None`: never).
+    /// A connection that a server's `timeout`, a load balancer or a NAT
+    /// closed while idle is then found and replaced before a request needs
+    /// it, and one pinged is not closed for idleness; while checks flow, no
+    /// ping is sent.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), tower_ratelimit::StoreError> {
+    /// use std::time::Duration;
+    /// use tower_ratelimit::RedisStore;
+    ///
+    /// let store = RedisStore::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .keepalive(Some(Duration::from_secs(10)))
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.keepalive = idle;
+        self
+    }
+
     /// The deadline of establishing a connection, or of checking one out
     /// of a caller's pool (default 500 ms).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
@@ -2180,6 +2302,26 @@ impl RedisStoreBuilder {
         let connect_timeout = self.connect_timeout;
         // (Loading the scripts on a new connection: a few dozen round trips.)
         let load_timeout = connect_timeout.saturating_mul(4);
+        // A multiplexed connection (of its own or a pool's) is replaced when
+        // it breaks, and kept alive while idle; a Cluster client heals
+        // itself node by node (its own, kept; a pool's, replaced only when it
+        // times out again and again).
+        let direct = Shape {
+            drop_when_broken: true,
+            heals: false,
+            keepalive: self.keepalive,
+            ping_timeout: response_timeout,
+        };
+        let cluster = Shape {
+            drop_when_broken: false,
+            heals: true,
+            keepalive: None,
+            ping_timeout: response_timeout,
+        };
+        let cluster_pool = Shape {
+            drop_when_broken: true,
+            ..cluster
+        };
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
             Some(Target::Url(url)) => {
@@ -2198,7 +2340,7 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Direct(
-                    Lazy::launch(connect, true, scripts.clone(), load_timeout, "redis").await,
+                    Lazy::launch(connect, direct, scripts.clone(), load_timeout, "redis").await,
                 )
             }
             Some(Target::Sentinel {
@@ -2262,7 +2404,7 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Direct(
-                    Lazy::launch(connect, true, scripts.clone(), load_timeout, &what).await,
+                    Lazy::launch(connect, direct, scripts.clone(), load_timeout, &what).await,
                 )
             }
             Some(Target::Cluster(urls)) => {
@@ -2292,7 +2434,7 @@ impl RedisStoreBuilder {
                 Backend::Cluster(
                     Lazy::launch(
                         connect,
-                        false,
+                        cluster,
                         scripts.clone(),
                         load_timeout,
                         "redis cluster",
@@ -2312,8 +2454,14 @@ impl RedisStoreBuilder {
                 };
                 let connect = checkout(get, connect_timeout);
                 Backend::Pool(
-                    Lazy::launch(connect, true, scripts.clone(), load_timeout, "redis (pool)")
-                        .await,
+                    Lazy::launch(
+                        connect,
+                        direct,
+                        scripts.clone(),
+                        load_timeout,
+                        "redis (pool)",
+                    )
+                    .await,
                 )
             }
             Some(Target::ClusterPool(pool)) => {
@@ -2324,7 +2472,7 @@ impl RedisStoreBuilder {
                 let connect = checkout(get, connect_timeout);
                 let what = "redis cluster (pool)";
                 Backend::ClusterPool(
-                    Lazy::launch(connect, true, scripts.clone(), load_timeout, what).await,
+                    Lazy::launch(connect, cluster_pool, scripts.clone(), load_timeout, what).await,
                 )
             }
         };
@@ -2360,6 +2508,13 @@ mod tests {
         numbers.iter().flat_map(|&n| word(n)).collect()
     }
 
+    const TEST_SHAPE: Shape = Shape {
+        drop_when_broken: true,
+        heals: false,
+        keepalive: None,
+        ping_timeout: Duration::from_millis(50),
+    };
+
     /// A connection that is always refused, counting its attempts.
     fn refused(attempts: Arc<AtomicU32>) -> Connect<MultiplexedConnection> {
         Box::new(move || {
@@ -2382,7 +2537,7 @@ mod tests {
         // (Not launched: no connection, no loop.)
         let lazy = Lazy::new(
             connect,
-            true,
+            TEST_SHAPE,
             Arc::new(Scripts::new()),
             Duration::from_secs(2),
         );
@@ -2403,7 +2558,7 @@ mod tests {
         let connect = refused(attempts.clone());
         let lazy = Lazy::launch(
             connect,
-            true,
+            TEST_SHAPE,
             Arc::new(Scripts::new()),
             Duration::from_secs(2),
             "test",
