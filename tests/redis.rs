@@ -864,7 +864,14 @@ async fn a_request_alone_costs_exactly_one_command() {
         Algorithm::TokenBucket,
     ] {
         let server = RedisServer::start();
-        let store = own_store(&server).await;
+        // (No keepalive ping, should the machine stall for a second.)
+        let store = RedisStore::builder()
+            .url(server.url())
+            .timeout(TEST_TIMEOUT)
+            .keepalive(None)
+            .build()
+            .await
+            .unwrap();
         let app = App::with(
             one_route(Rule::new().second(3).hour(100).algorithm(algorithm)),
             store,
@@ -1135,9 +1142,11 @@ async fn a_pool_costs_at_most_one_command_per_check_and_lends_the_store_one_conn
     let server = RedisServer::start();
     let (builder, pool) = builder_for(&server, true);
     let pool = pool.unwrap();
+    // (No keepalive ping, should the machine stall for a second.)
     let store = builder
         .timeout(TEST_TIMEOUT)
         .connect_timeout(TEST_TIMEOUT)
+        .keepalive(None)
         .build()
         .await
         .unwrap();
