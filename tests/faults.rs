@@ -612,3 +612,32 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
     }
     assert!(worst < DEADLINE + SLACK, "slowest request {worst:?}");
 }
+
+/// After `SCRIPT FLUSH` (or a restart), the checks in flight that Redis
+/// answers `NOSCRIPT` share one load of their script: not one
+/// `SCRIPT LOAD` each, which grew with the concurrency and the replicas.
+#[tokio::test]
+async fn checks_in_flight_after_a_script_flush_share_one_load() {
+    for batched in [false, true] {
+        let server = RedisServer::start();
+        let app = app_with(
+            RedisStore::builder().url(server.url()),
+            FailMode::Closed,
+            batched,
+        )
+        .await;
+        assert!(app.get("/x", "warm").await.limited());
+        assert_eq!(server.cli(&["script", "flush"]), "OK");
+        let before = server.calls("script|load");
+        let users: Vec<String> = (0..50).map(|i| format!("u{i}")).collect();
+        let replies = futures_util::future::join_all(users.iter().map(|u| app.get("/x", u))).await;
+        assert!(
+            replies
+                .iter()
+                .all(|r| r.status == StatusCode::OK && r.limited()),
+            "batched {batched}"
+        );
+        let loads = server.calls("script|load") - before;
+        assert!((1..=2).contains(&loads), "batched {batched}: {loads} loads");
+    }
+}

@@ -129,7 +129,7 @@ pub use deadpool_redis;
 use std::future::Future;
 use std::io::Write as _;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -443,6 +443,11 @@ struct Scripts {
     batched: [[Script; STRAIGHT_MAX_WINDOWS]; 4],
     /// [`ADJUST_LUA`].
     adjust: Script,
+    /// `NOSCRIPT` reloads: one at a time, and counted, so that the checks
+    /// in flight when the server lost its scripts (`SCRIPT FLUSH`, a
+    /// restart) share one load instead of each sending its own.
+    reloading: tokio::sync::Mutex<()>,
+    reloads: AtomicU64,
 }
 
 /// The algorithms, in the order [`Scripts`] keeps their scripts.
@@ -511,6 +516,8 @@ impl Scripts {
             straight: std::array::from_fn(|_| std::array::from_fn(|_| next())),
             batched: std::array::from_fn(|_| std::array::from_fn(|_| next())),
             adjust: next(),
+            reloading: tokio::sync::Mutex::new(()),
+            reloads: AtomicU64::new(0),
         }
     }
 
@@ -1969,8 +1976,25 @@ async fn reload_and_retry<C: ConnectionLike + Clone>(
     cmd: &redis::Cmd,
     scripts: &Scripts,
 ) -> RedisResult<Vec<u8>> {
-    scripts.load_for(conn, std::iter::once(cmd)).await?;
-    cmd.query_async(conn).await
+    // (Checks answered `NOSCRIPT` together wait for the first one's load,
+    // then call again; a load that did not cover this script, such as
+    // another's, or another node's, is followed by this one's own.)
+    let seen = scripts.reloads.load(Ordering::Acquire);
+    let guard = scripts.reloading.lock().await;
+    if scripts.reloads.load(Ordering::Acquire) == seen {
+        scripts.load_for(conn, std::iter::once(cmd)).await?;
+        scripts.reloads.fetch_add(1, Ordering::Release);
+        drop(guard);
+        return cmd.query_async(conn).await;
+    }
+    drop(guard);
+    match cmd.query_async(conn).await {
+        Err(e) if is_noscript(&e) => {
+            scripts.load_for(conn, std::iter::once(cmd)).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
 }
 
 /// A reply's numbers: every script answers with one string of
