@@ -9,7 +9,9 @@
 -- ARGV[1]  the numbers of the check, packed as little-endian doubles
 --          (struct 'd', whole numbers; no text to parse, and cheaper to
 --          unpack than the 64-bit integers of 'i8'):
---            now in microseconds (negative: use the server's clock, TIME),
+--            now in microseconds (negative: use the server's clock, TIME,
+--            and refuse the check, answering '', past minus this number
+--            on it, unless it is -1),
 --            cost of the request,
 --            block time in microseconds (0 for none),
 --            number of user windows UN, number of route-wide windows GN
@@ -64,8 +66,13 @@ local now = V[1]
 -- carries its own times, and stale state reads as empty.
 local ttl_pad = 10000
 if now < 0 then
-  local t = redis.call('TIME')
+  -- (On the server's clock, `now` is minus the check's deadline on that
+  -- clock, or -1 for none: a check Redis runs later than that, after a
+  -- stall, has been answered by the caller's fail mode already, and is
+  -- refused with an empty reply, recording nothing.)
+  local t, deadline = redis.call('TIME'), -now
   now = t[1] * 1000000 + t[2] -- coerced once each (tonumber converts twice)
+  if now > deadline and deadline > 1 then return '' end
   ttl_pad = 0
 end
 local cost, block, UN, GN = V[2], V[3], V[4], V[5]

@@ -641,3 +641,63 @@ async fn checks_in_flight_after_a_script_flush_share_one_load() {
         assert!((1..=2).contains(&loads), "batched {batched}: {loads} loads");
     }
 }
+
+/// A check Redis runs only after its deadline (the server stalled; here
+/// `CLIENT PAUSE`) is refused by the script instead of recorded: requests
+/// the layer already failed closed are not charged to the user once Redis
+/// catches up. (The deadline rides on the server's clock, which the store
+/// reads when it connects.)
+#[tokio::test]
+async fn checks_redis_runs_after_a_stall_are_not_charged() {
+    for batched in [false, true] {
+        let server = RedisServer::start();
+        let app = app_with(
+            RedisStore::builder().url(server.url()),
+            FailMode::Closed,
+            batched,
+        )
+        .await;
+        assert!(app.get("/x", "warm").await.limited(), "batched {batched}");
+        assert_eq!(server.cli(&["client", "pause", "1500", "all"]), "OK");
+        let paused = Instant::now();
+        // (Two: a third timeout in a row would replace the connection.)
+        for _ in 0..2 {
+            let reply = app.get("/x", "victim").await;
+            assert_eq!(
+                reply.status,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "batched {batched}"
+            );
+        }
+        assert!(
+            paused.elapsed() < Duration::from_millis(1200),
+            "the machine stalled"
+        );
+        // (No third request before the pause ends: it would time out too.)
+        tokio::time::sleep(Duration::from_millis(1600).saturating_sub(paused.elapsed())).await;
+        // Redis runs the two stalled checks, then this one, when the pause ends.
+        while !app
+            .get("/x", &format!("probe{}", paused.elapsed().as_millis()))
+            .await
+            .limited()
+        {
+            assert!(
+                paused.elapsed() < Duration::from_secs(5),
+                "batched {batched}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The victim's whole budget (2 a minute) is left.
+        for n in 0..2 {
+            let reply = app.get("/x", "victim").await;
+            assert!(
+                reply.status == StatusCode::OK && reply.limited(),
+                "batched {batched}, request {n}: {reply:?}"
+            );
+        }
+        assert_eq!(
+            app.get("/x", "victim").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}

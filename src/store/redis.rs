@@ -129,7 +129,7 @@ pub use deadpool_redis;
 use std::future::Future;
 use std::io::Write as _;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -329,7 +329,7 @@ const ALONE: CallVars = CallVars {
     numbers: ("struct.unpack(", ", ARGV[1])"),
     key: "KEYS[1]",
     block_key: "KEYS[2]",
-    clock: "local t = redis.call('TIME')\nnow = t[1] * 1000000 + t[2]",
+    clock: "local t, deadline = redis.call('TIME'), -now\nnow = t[1] * 1000000 + t[2]\nif now > deadline and deadline > 1 then return '' end",
     shared_helpers: false,
 };
 
@@ -339,7 +339,7 @@ const IN_BATCH: CallVars = CallVars {
     numbers: ("unpack(numbers or parse(", "))"),
     key: "KEYS[i]",
     block_key: "no_block_key()",
-    clock: "now = clock or server_now()",
+    clock: "local deadline = -now\nnow = clock or server_now()\nif now > deadline and deadline > 1 then return '' end",
     shared_helpers: true,
 };
 
@@ -636,6 +636,97 @@ const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
 /// Consecutive timeouts after which a connection is presumed dead.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
+/// The server's clock as seen from here: its offset from this process's
+/// monotonic clock, read with `TIME` when a connection is made and every
+/// few seconds after. A check carries its deadline on the server's clock
+/// (in the sign of its `now`, see `scripts/prelude.lua`), so that Redis,
+/// stalled past it (a fork, a long command, a paused process), refuses the
+/// check instead of recording a request the layer already answered by its
+/// fail mode.
+struct ServerClock {
+    origin: Instant,
+    /// Server microseconds minus microseconds since `origin`; valid once
+    /// `read_at` is not 0.
+    offset: AtomicI64,
+    /// Milliseconds since `origin` (plus one) of the last reading; 0: none,
+    /// or asked to read again.
+    read_at: AtomicU64,
+}
+
+/// What a deadline on the server's clock allows beyond the check's own: the
+/// reading's error (half a round trip), the two clocks' drift between
+/// readings, and, on a Cluster (whose clock is read on one node), the
+/// nodes' disagreement, with room to spare; a check that Redis runs later
+/// than its deadline and this is refused by the script.
+const CLOCK_MARGIN: Duration = Duration::from_millis(500);
+
+/// How often the server's clock is read again while checks flow.
+const CLOCK_READ_EVERY: Duration = Duration::from_secs(10);
+
+impl ServerClock {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            offset: AtomicI64::new(0),
+            read_at: AtomicU64::new(0),
+        }
+    }
+
+    fn micros(&self, at: Instant) -> i64 {
+        saturating_i64(
+            u64::try_from(at.duration_since(self.origin).as_micros()).unwrap_or(u64::MAX),
+        )
+    }
+
+    /// Reads the server's clock on `conn` (a reading that took over 10 ms
+    /// is not trusted: its error would be as large).
+    async fn read<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
+        let sent = Instant::now();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+        let received = Instant::now();
+        if received.duration_since(sent) <= Duration::from_millis(10) {
+            let local = (self.micros(sent) + self.micros(received)) / 2;
+            let server = secs.saturating_mul(1_000_000).saturating_add(micros);
+            self.offset.store(server - local, Ordering::Relaxed);
+            let ms =
+                u64::try_from(received.duration_since(self.origin).as_millis()).unwrap_or(u64::MAX);
+            self.read_at.store(ms.saturating_add(1), Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Whether the clock should be read (never read, asked to, or read
+    /// [`CLOCK_READ_EVERY`] ago).
+    fn stale(&self) -> bool {
+        let at = self.read_at.load(Ordering::Acquire);
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        at == 0 || now.saturating_sub(at) >= CLOCK_READ_EVERY.as_millis() as u64
+    }
+
+    /// A check's deadline on the server's clock, in microseconds, for a
+    /// check asked now with `timeout` (rounded up to 16,384 µs, so that the
+    /// checks of one batch mostly share it and their numbers); `None` while
+    /// the clock is unknown.
+    fn deadline(&self, timeout: Duration) -> Option<i64> {
+        if self.read_at.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let offset = self.offset.load(Ordering::Relaxed);
+        let after = saturating_i64(crate::clock::duration_micros(timeout + CLOCK_MARGIN));
+        let at = self
+            .micros(Instant::now())
+            .saturating_add(offset)
+            .saturating_add(after);
+        Some((at | 0x3fff).saturating_add(1))
+    }
+
+    /// Asks for a new reading (a check was refused as late while this
+    /// process still waited for it: the offset is off).
+    fn doubt(&self) {
+        self.read_at.store(0, Ordering::Release);
+    }
+}
+
 /// How a [`Lazy`] treats its kind of connection.
 #[derive(Clone, Copy)]
 struct Shape {
@@ -681,6 +772,7 @@ struct Inner {
     prefix: Box<str>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+    clock: Arc<ServerClock>,
 }
 
 /// Checks sent together. redis-rs writes each command of a multiplexed
@@ -1295,6 +1387,7 @@ struct Lazy<C> {
     /// Set by every reply; the keepalive task clears it, and pings a
     /// connection that stayed idle.
     used: AtomicBool,
+    clock: Arc<ServerClock>,
     scripts: Arc<Scripts>,
     /// Whether a batch's checks of one kind go as one call of their batch
     /// script; turned off for good when the server refuses a call whose
@@ -1312,8 +1405,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         shape: Shape,
         scripts: Arc<Scripts>,
         load_timeout: Duration,
+        clock: Arc<ServerClock>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            clock,
             current: ArcSwapOption::empty(),
             connect,
             reconnecting: AtomicBool::new(false),
@@ -1336,29 +1431,32 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         shape: Shape,
         scripts: Arc<Scripts>,
         load_timeout: Duration,
+        clock: Arc<ServerClock>,
         what: &str,
     ) -> Arc<Self> {
-        let lazy = Self::new(connect, shape, scripts, load_timeout);
+        let lazy = Self::new(connect, shape, scripts, load_timeout, clock);
         if let Err(error) = lazy.try_connect().await {
             tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
             lazy.reconnect();
         }
-        if let Some(period) = shape.keepalive.filter(|p| !p.is_zero()) {
-            lazy.keepalive(period, shape.ping_timeout);
-        }
+        lazy.maintain(shape.keepalive.filter(|p| !p.is_zero()), shape.ping_timeout);
         lazy
     }
 
-    /// Pings the connection whenever a whole `period` passed without a
-    /// reply on it: a connection the server (its `timeout`), a load
-    /// balancer or a NAT closed while idle is found, and replaced, before a
-    /// request needs it, and one kept busy is never closed for idleness.
-    /// Never while checks flow (no command per request). Ends with the store.
-    fn keepalive(self: &Arc<Self>, period: Duration, ping_timeout: Duration) {
+    /// Once a second, reads the server's clock when it is due (see
+    /// [`ServerClock`]) and, with a `keepalive` period, whenever a whole
+    /// period passed without a reply on the connection: the reading is the
+    /// ping, so a connection the server (its `timeout`), a load balancer or
+    /// a NAT closed while idle is found, and replaced, before a request
+    /// needs it, and one kept busy is never closed for idleness. While
+    /// checks flow, one command every [`CLOCK_READ_EVERY`], none per
+    /// request. Ends with the store.
+    fn maintain(self: &Arc<Self>, keepalive: Option<Duration>, ping_timeout: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let weak = Arc::downgrade(self);
+        let period = keepalive.unwrap_or(Duration::from_secs(1));
         runtime.spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1366,16 +1464,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
-                if this.used.swap(false, Ordering::Relaxed) {
+                let idle = !this.used.swap(false, Ordering::Relaxed) && keepalive.is_some();
+                if !idle && !this.clock.stale() {
                     continue;
                 }
                 let Some(mut conn) = this.get() else { continue };
-                let ping = redis::cmd("PING");
-                match tokio::time::timeout(ping_timeout, ping.query_async::<()>(&mut conn)).await {
+                let read = this.clock.read(&mut conn);
+                match tokio::time::timeout(ping_timeout, read).await {
                     Ok(result) => this.observe(&result),
                     Err(_) => this.observe_timeout(),
                 }
-                // (A ping's own reply marked the connection used.)
+                // (The reading's own reply marked the connection used.)
                 this.used.store(false, Ordering::Relaxed);
             }
         });
@@ -1386,7 +1485,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         // Loaded once per connection, so calls find them by SHA (those the
         // server has already, from before or from another replica, are not
         // sent again).
-        tokio::time::timeout(self.load_timeout, self.scripts.ensure(&mut conn))
+        let prepare = async {
+            self.scripts.ensure(&mut conn).await?;
+            self.clock.read(&mut conn).await
+        };
+        tokio::time::timeout(self.load_timeout, prepare)
             .await
             .map_err(|_| {
                 io_error(
@@ -1554,6 +1657,18 @@ fn store_error(e: RedisError) -> StoreError {
     StoreError::new(kind, e)
 }
 
+/// A check the script refused because the server's clock was past its
+/// deadline, answered while this process still waited: the offset it was
+/// given is off, so the clock is read again.
+#[cold]
+fn refused_as_late(clock: &ServerClock) -> StoreError {
+    clock.doubt();
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        "redis ran the check after its deadline on the server's clock; nothing was recorded",
+    )
+}
+
 fn not_connected() -> StoreError {
     StoreError::new(
         StoreErrorKind::Unavailable,
@@ -1643,7 +1758,11 @@ impl RedisStore {
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
         let script = inner.scripts.get(&check);
-        let cmd = eval_cmd(&inner.prefix, script, &check);
+        let on_server = match check.now {
+            None => inner.clock.deadline(inner.timeout),
+            Some(_) => None,
+        };
+        let cmd = eval_cmd(&inner.prefix, script, &check, on_server);
         let deadline = inner.timeout;
         let batch = Scripts::batch_of(&check);
         let reply = match (&inner.batcher, &inner.backend) {
@@ -1671,6 +1790,9 @@ impl RedisStore {
             (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
             (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
         }?;
+        if reply.is_empty() {
+            return Err(refused_as_late(&inner.clock));
+        }
         if ScriptKind::of(&check) == ScriptKind::StraightCounter {
             decode_counters(&check, &reply)
         } else {
@@ -1761,7 +1883,7 @@ fn write_key(prefix: &str, check: &Check, kind: KeyKind, mut put: impl FnMut(&st
 /// A check's `EVALSHA`, its keys and its packed numbers written straight
 /// into the command's one buffer (made at its size): no string per key,
 /// no vector per argument, no copy of them into the command.
-fn eval_cmd(prefix: &str, script: &Script, check: &Check) -> redis::Cmd {
+fn eval_cmd(prefix: &str, script: &Script, check: &Check, deadline: Option<i64>) -> redis::Cmd {
     // The block marker only when the script may touch it, or as the
     // place holder before the route's key: every key costs Redis about
     // 1,500 instructions per call.
@@ -1783,7 +1905,7 @@ fn eval_cmd(prefix: &str, script: &Script, check: &Check) -> redis::Cmd {
     if with_route {
         cmd.arg(key(KeyKind::Route));
     }
-    cmd.arg(ScriptArgs(check));
+    cmd.arg(ScriptArgs(check, deadline));
     cmd
 }
 
@@ -1803,8 +1925,9 @@ impl redis::ToRedisArgs for KeyArg<'_> {
     }
 }
 
-/// A check's [`script_args`], written into a command.
-struct ScriptArgs<'a>(&'a Check);
+/// A check's [`script_args`], written into a command, with its deadline on
+/// the server's clock (see [`each_script_number`]).
+struct ScriptArgs<'a>(&'a Check, Option<i64>);
 
 impl redis::ToRedisArgs for ScriptArgs<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
@@ -1812,7 +1935,7 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
         // written at once.
         let mut buf = arrayvec::ArrayVec::<u8, { 8 * (5 + 2 * 16) }>::new();
         let mut w = out.writer_for_next_arg();
-        each_script_number(self.0, |n| {
+        each_script_number(self.0, self.1, |n| {
             if buf.try_extend_from_slice(&word(n)).is_err() {
                 let _ = w.write_all(&buf);
                 buf.clear();
@@ -1871,7 +1994,7 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// ```
 pub fn script_args(check: &Check) -> Vec<u8> {
     let mut out = Vec::with_capacity(args_len(check));
-    each_script_number(check, |n| out.extend_from_slice(&word(n)));
+    each_script_number(check, None, |n| out.extend_from_slice(&word(n)));
     out
 }
 
@@ -1918,11 +2041,17 @@ impl ScriptKind {
     }
 }
 
-/// Each number of a check's [`script_args`], in order.
-fn each_script_number(check: &Check, mut push: impl FnMut(i64)) {
+/// Each number of a check's [`script_args`], in order. On the server's
+/// clock, `now` is `-deadline` (microseconds on that clock) when the check
+/// has one: the script refuses the check, recording nothing, once the
+/// clock is past it (`-1`: no deadline).
+fn each_script_number(check: &Check, deadline: Option<i64>, mut push: impl FnMut(i64)) {
     let kind = ScriptKind::of(check);
     let global_windows = check.global.as_ref().map_or(&[][..], |g| &g.windows[..]);
-    push(check.now.map_or(-1, |now| saturating_i64(now.as_micros())));
+    push(match check.now {
+        Some(now) => saturating_i64(now.as_micros()),
+        None => deadline.map_or(-1, |d| -d),
+    });
     push(i64::from(check.cost));
     if kind.takes_block() {
         push(saturating_i64(
@@ -2322,6 +2451,7 @@ impl RedisStoreBuilder {
             return Err(config_error("the key prefix must not contain `{` or `}`"));
         }
         let scripts = Arc::new(Scripts::new());
+        let clock = Arc::new(ServerClock::new());
         let response_timeout = self.timeout;
         let connect_timeout = self.connect_timeout;
         // (Loading the scripts on a new connection: a few dozen round trips.)
@@ -2364,7 +2494,15 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Direct(
-                    Lazy::launch(connect, direct, scripts.clone(), load_timeout, "redis").await,
+                    Lazy::launch(
+                        connect,
+                        direct,
+                        scripts.clone(),
+                        load_timeout,
+                        clock.clone(),
+                        "redis",
+                    )
+                    .await,
                 )
             }
             Some(Target::Sentinel {
@@ -2428,7 +2566,15 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Direct(
-                    Lazy::launch(connect, direct, scripts.clone(), load_timeout, &what).await,
+                    Lazy::launch(
+                        connect,
+                        direct,
+                        scripts.clone(),
+                        load_timeout,
+                        clock.clone(),
+                        &what,
+                    )
+                    .await,
                 )
             }
             Some(Target::Cluster(urls)) => {
@@ -2461,6 +2607,7 @@ impl RedisStoreBuilder {
                         cluster,
                         scripts.clone(),
                         load_timeout,
+                        clock.clone(),
                         "redis cluster",
                     )
                     .await,
@@ -2483,6 +2630,7 @@ impl RedisStoreBuilder {
                         direct,
                         scripts.clone(),
                         load_timeout,
+                        clock.clone(),
                         "redis (pool)",
                     )
                     .await,
@@ -2496,7 +2644,15 @@ impl RedisStoreBuilder {
                 let connect = checkout(get, connect_timeout);
                 let what = "redis cluster (pool)";
                 Backend::ClusterPool(
-                    Lazy::launch(connect, cluster_pool, scripts.clone(), load_timeout, what).await,
+                    Lazy::launch(
+                        connect,
+                        cluster_pool,
+                        scripts.clone(),
+                        load_timeout,
+                        clock.clone(),
+                        what,
+                    )
+                    .await,
                 )
             }
         };
@@ -2518,6 +2674,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
                 scripts,
+                clock,
             }),
         })
     }
@@ -2564,6 +2721,7 @@ mod tests {
             TEST_SHAPE,
             Arc::new(Scripts::new()),
             Duration::from_secs(2),
+            Arc::new(ServerClock::new()),
         );
         let reply = lazy
             .invoke(&redis::cmd("PING"), Duration::from_millis(50))
@@ -2585,6 +2743,7 @@ mod tests {
             TEST_SHAPE,
             Arc::new(Scripts::new()),
             Duration::from_secs(2),
+            Arc::new(ServerClock::new()),
             "test",
         )
         .await;
