@@ -104,11 +104,21 @@ fn env(name: &str, default: u64) -> u64 {
 
 // ---------------------------------------------------------------- servers
 
+/// A limit no pass reaches, within what `algorithm` can count (a sliding
+/// log at most `MAX_LOG_LIMIT` a window, a token bucket one a microsecond).
+fn huge(algorithm: Algorithm, seconds: u32) -> u32 {
+    match algorithm {
+        Algorithm::SlidingLog => tower_ratelimit::rules::MAX_LOG_LIMIT,
+        Algorithm::TokenBucket => seconds.saturating_mul(1_000_000).min(1_000_000_000),
+        _ => 1_000_000_000,
+    }
+}
+
 fn huge_rule(algorithm: Algorithm) -> Rule {
     Rule::new()
-        .second(1_000_000_000)
-        .minute(1_000_000_000)
-        .hour(1_000_000_000)
+        .second(huge(algorithm, 1))
+        .minute(huge(algorithm, 60))
+        .hour(huge(algorithm, 3600))
         .algorithm(algorithm)
 }
 
@@ -196,9 +206,9 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             // (The sliding log keeps every entry of its window per user;
             // the token bucket, the GCRA governor runs, one number.)
             let rule = match scenario {
-                "memory-header" => Rule::new().second(1_000_000_000),
+                "memory-header" => Rule::new().second(huge(Algorithm::SlidingLog, 1)),
                 _ => Rule::new()
-                    .second(1_000_000_000)
+                    .second(huge(Algorithm::TokenBucket, 1))
                     .algorithm(Algorithm::TokenBucket),
             };
             let rules = Rules::builder().route("^/", [rule]).build().unwrap();
@@ -214,9 +224,11 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
         }
         "memory-allowed" | "memory-allowed-gcra" | "memory-allowed-noheaders" | "memory-denied" => {
             let rule = match scenario {
-                "memory-allowed" | "memory-allowed-noheaders" => Rule::new().second(1_000_000_000),
+                "memory-allowed" | "memory-allowed-noheaders" => {
+                    Rule::new().second(huge(Algorithm::SlidingLog, 1))
+                }
                 "memory-allowed-gcra" => Rule::new()
-                    .second(1_000_000_000)
+                    .second(huge(Algorithm::TokenBucket, 1))
                     .algorithm(Algorithm::TokenBucket),
                 _ => Rule::new().hour(1),
             };

@@ -3,6 +3,8 @@
 use std::error::Error as StdError;
 use std::fmt;
 
+use crate::rules::Algorithm;
+
 /// Where in the rule table a [`ConfigError`] was found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Location {
@@ -57,6 +59,15 @@ pub enum ConfigErrorKind {
     /// The rules of a route with a route-wide limit use different
     /// algorithms; the route-wide budget is one, counted one way.
     GlobalAlgorithm,
+    /// A window's limit is more than its algorithm can count exactly: a
+    /// sliding log records every request (at most
+    /// [`MAX_LOG_LIMIT`](crate::rules::MAX_LOG_LIMIT) per window), a token
+    /// bucket refills at most one per microsecond (a limit no larger than
+    /// the window's length in microseconds).
+    LimitForAlgorithm(Algorithm),
+    /// A field that can have no effect: a block time on a rule without
+    /// windows, a route-wide limit on a route without limited rules.
+    NoEffect,
     /// A trusted proxy network is not an address or CIDR block.
     InvalidNetwork(String),
     /// An item of a limit text ([`Rule::limits`](crate::Rule::limits), or
@@ -174,6 +185,18 @@ impl fmt::Display for ConfigError {
                 "a route with a route-wide (`global`) limit cannot have rules with a zone",
             ),
             ConfigErrorKind::EmptyGlobal => f.write_str("a route-wide limit needs at least one window"),
+            ConfigErrorKind::LimitForAlgorithm(Algorithm::SlidingLog) => write!(
+                f,
+                "a sliding log records every request (one entry per unit of cost), so a window may allow at most {} (for larger budgets, such as bytes, use the sliding window or the token bucket)",
+                crate::rules::MAX_LOG_LIMIT
+            ),
+            ConfigErrorKind::LimitForAlgorithm(algorithm) => write!(
+                f,
+                "{algorithm:?} refills at most one request per microsecond, so a window may allow at most as many requests as it is long in microseconds (use a longer window, or the sliding or fixed window)"
+            ),
+            ConfigErrorKind::NoEffect => f.write_str(
+                "has no effect here: a block time needs windows on its rule, a route-wide limit a rule with windows on its route",
+            ),
             ConfigErrorKind::InvalidNetwork(text) => write!(
                 f,
                 "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8)"

@@ -50,6 +50,14 @@ use crate::key;
 /// The most windows one rule may have.
 pub const MAX_WINDOWS: usize = 8;
 
+/// The most a sliding log's window may allow: the log keeps an entry per
+/// request (per unit of cost) for as long as its longest window, so a
+/// budget of this many requests may hold this many entries (8 bytes each on
+/// Redis), and one check may write as many as its cost. Larger budgets,
+/// such as bytes, want the sliding window or the token bucket, which keep a
+/// few numbers whatever the limit and the cost.
+pub const MAX_LOG_LIMIT: u32 = 1_000_000;
+
 /// The group of a rule that does not name one, and of identities that do not
 /// say theirs.
 pub const DEFAULT_GROUP: &str = "default";
@@ -1056,6 +1064,15 @@ impl RulesBuilder {
                     return Err(ConfigError::new(at, kind));
                 }
             }
+            // (A route-wide budget is counted by the route's limited rules:
+            // without one, it would never be.)
+            if global.is_some() && route_algorithm.is_none() {
+                let at = Location {
+                    field: Some("global".to_owned()),
+                    ..at_route.clone()
+                };
+                return Err(ConfigError::new(at, ConfigErrorKind::NoEffect));
+            }
             split_by_group(&mut compiled);
             routes.push(CompiledRoute {
                 pattern,
@@ -1221,6 +1238,27 @@ fn compile_rule(
         return Err(fail(None, ConfigErrorKind::UnreachableRule));
     }
     let windows = rule.compile_windows(fail)?;
+    // Limits the algorithm cannot count exactly (the route-wide windows
+    // are counted with this rule's algorithm too).
+    let route_wide = route.global.unwrap_or(&[]);
+    let user = windows.iter().map(|w| (w, ""));
+    for (w, whose) in user.chain(route_wide.iter().map(|w| (w, "global "))) {
+        let too_many = match rule.algorithm {
+            Algorithm::SlidingLog => w.limit() > MAX_LOG_LIMIT,
+            Algorithm::TokenBucket => u64::from(w.limit()) > w.micros(),
+            Algorithm::SlidingWindow | Algorithm::FixedWindow => false,
+        };
+        if too_many {
+            let field = format!("{whose}window of {:?}", w.duration());
+            return Err(fail(
+                Some(&field),
+                ConfigErrorKind::LimitForAlgorithm(rule.algorithm),
+            ));
+        }
+    }
+    if rule.block_time.is_some() && windows.is_empty() {
+        return Err(fail(Some("block_time"), ConfigErrorKind::NoEffect));
+    }
     if rule.zone.as_deref() == Some("") {
         return Err(fail(Some("zone"), ConfigErrorKind::EmptyName));
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tower_ratelimit::{Config, ConfigErrorKind, Rule, Rules};
+use tower_ratelimit::{Algorithm, Config, ConfigErrorKind, Route, Rule, Rules};
 
 const ISSUE_EXAMPLE: &str = r#"
 [groups]                 # read by the example server: API key -> group; other keys are "default"
@@ -516,4 +516,84 @@ fn unreadable_limit_texts_are_rejected_and_named() {
          field `limits[1]`: cannot read `2/eon`: unknown unit `eon` (expected millisecond, \
          second, minute, hour, day, month or year)"
     );
+}
+
+/// Limits an algorithm cannot count exactly are build errors naming the
+/// window: a sliding log records an entry per request (so at most
+/// `MAX_LOG_LIMIT` a window: a byte budget would hold an entry per byte),
+/// a token bucket refills at most one a microsecond (a larger limit would
+/// silently refill slower than configured).
+#[test]
+fn limits_beyond_what_the_algorithm_counts_are_rejected() {
+    use tower_ratelimit::rules::MAX_LOG_LIMIT;
+    let err =
+        error("[[routes]]\npath = \"^/up\"\nrules = [{ group = \"g\", second = 10000000 }]\n");
+    assert!(matches!(
+        err.kind(),
+        ConfigErrorKind::LimitForAlgorithm(Algorithm::SlidingLog)
+    ));
+    assert_eq!(err.route(), Some((0, "^/up")));
+    assert_eq!(err.rule(), Some((0, "g")));
+    assert_eq!(err.field(), Some("window of 1s"));
+    assert!(err.to_string().contains("token bucket"), "{err}");
+    // The largest is fine, and so is the same limit for another algorithm.
+    let ok = |rule: Rule| Rules::builder().route("^/up", [rule]).build();
+    assert!(ok(Rule::new().second(MAX_LOG_LIMIT)).is_ok());
+    assert!(ok(Rule::new()
+        .second(10_000_000)
+        .algorithm(Algorithm::SlidingWindow))
+    .is_ok());
+    // A route-wide window is counted with the rule's algorithm.
+    let err = Rules::builder()
+        .add_route(
+            Route::new("^/up")
+                .rules([Rule::new().second(5)])
+                .global(Rule::new().minute(MAX_LOG_LIMIT + 1)),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), Some("global window of 60s"));
+
+    let err = error(
+        "[[routes]]\npath = \"^/up\"\nrules = [{ algorithm = \"token-bucket\", second = 2000000 }]\n",
+    );
+    assert!(matches!(
+        err.kind(),
+        ConfigErrorKind::LimitForAlgorithm(Algorithm::TokenBucket)
+    ));
+    assert!(
+        err.to_string().contains("one request per microsecond"),
+        "{err}"
+    );
+    assert!(ok(Rule::new()
+        .second(1_000_000)
+        .algorithm(Algorithm::TokenBucket))
+    .is_ok());
+    assert!(ok(Rule::new()
+        .minute(2_000_000)
+        .algorithm(Algorithm::TokenBucket))
+    .is_ok());
+}
+
+/// Fields that could never act are errors, not silently ignored: a block
+/// time on a rule without windows, a route-wide limit on a route whose
+/// rules are all unlimited.
+#[test]
+fn fields_without_effect_are_rejected() {
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ group = \"g\", block_time = 10 }]\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::NoEffect));
+    assert_eq!(err.field(), Some("block_time"));
+    assert_eq!(err.rule(), Some((0, "g")));
+    let err = Rules::builder()
+        .add_route(
+            Route::new("^/g")
+                .rules([Rule::group("admin")])
+                .global(Rule::new().minute(1)),
+        )
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::NoEffect));
+    assert_eq!(err.route(), Some((0, "^/g")));
+    assert_eq!(err.field(), Some("global"));
+    assert!(err.to_string().contains("has no effect"), "{err}");
 }

@@ -322,3 +322,41 @@ async fn spoofed_forwarding_headers_cannot_change_the_identity() {
         StatusCode::OK
     );
 }
+
+/// Under `Router::nest`, a layer on the nested router sees the path with
+/// the nest's prefix stripped (as the README says): its patterns are
+/// written without it; a layer on the outer router sees the whole path.
+#[tokio::test]
+async fn a_layer_inside_a_nested_router_sees_the_nested_path() {
+    let layer = |pattern: &str| {
+        let rules = Rules::builder()
+            .route(pattern, [Rule::new().minute(1)])
+            .build()
+            .unwrap();
+        RateLimitLayer::new(rules, MemoryStore::new()).identify(Global)
+    };
+    let towns = || Router::new().route("/towns", axum::routing::get(|| async { "ok" }));
+    let statuses = |router: Router| async move {
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let request = Request::builder()
+                .uri("/api/towns")
+                .body(Body::empty())
+                .unwrap();
+            out.push(router.clone().oneshot(request).await.unwrap().status());
+        }
+        out
+    };
+    let limited = [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS];
+    let inside = Router::new().nest("/api", towns().layer(layer("^/towns")));
+    assert_eq!(statuses(inside).await, limited);
+    let inside_whole = Router::new().nest("/api", towns().layer(layer("^/api/towns")));
+    assert_eq!(
+        statuses(inside_whole).await,
+        [StatusCode::OK, StatusCode::OK]
+    );
+    let outside = Router::new()
+        .nest("/api", towns())
+        .layer(layer("^/api/towns"));
+    assert_eq!(statuses(outside).await, limited);
+}

@@ -474,10 +474,11 @@ impl Decision {
     /// use std::time::Duration;
     /// use tower_ratelimit::{Decision, Window, WindowState};
     ///
-    /// let minute = WindowState::new(Window::new(Duration::from_secs(60), 5), 5);
+    /// let minute = WindowState::new(Window::new(Duration::from_secs(60), 5)?, 5);
     /// let denied = Decision::new(false, Some(Duration::from_secs(60)), Duration::ZERO, [minute]);
     /// assert!(denied.exceeds_limit(6));
     /// assert!(!denied.exceeds_limit(5));
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
     pub fn exceeds_limit(&self, cost: u32) -> bool {
         self.windows().iter().any(|w| cost > w.window().limit())

@@ -2392,7 +2392,7 @@ impl RedisStoreBuilder {
     /// ```no_run
     /// # async fn f() -> Result<(), tower_ratelimit::StoreError> {
     /// use std::time::Duration;
-    /// use tower_ratelimit::RedisStore;
+    /// use tower_ratelimit::store::redis::RedisStore;
     ///
     /// let store = RedisStore::builder()
     ///     .url("redis://127.0.0.1:6379")
