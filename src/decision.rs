@@ -202,7 +202,11 @@ impl RateHeaders {
                 ..Self::default()
             };
         };
-        let reset = ceil_secs(decision.reset_after());
+        // (On a denial, never sooner than `Retry-After`: when the window
+        // that frees first is not the one that denies, as when two windows
+        // are both spent, a client retrying at the reset would be denied
+        // again.)
+        let reset = ceil_secs(decision.reset_after()).max(retry_after);
         let limit = matches!(
             mode,
             HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows

@@ -622,12 +622,13 @@ fn ietf_policy(windows: &[Window], global: &[Window]) -> Option<HeaderValue> {
         .chain(global)
         .enumerate()
         .map(|(i, w)| {
-            format!(
-                "\"{}\";q={};w={}",
-                ietf_name(w, i, windows.len()),
-                w.limit(),
-                w.micros().div_ceil(1_000_000)
-            )
+            // (`w` is whole seconds: a window that is not, such as 250 ms,
+            // is left without it rather than misstated; its name says it.)
+            let name = ietf_name(w, i, windows.len());
+            match w.micros() % 1_000_000 {
+                0 => format!("\"{name}\";q={};w={}", w.limit(), w.micros() / 1_000_000),
+                _ => format!("\"{name}\";q={}", w.limit()),
+            }
         })
         .collect();
     HeaderValue::from_str(&items.join(", ")).ok()

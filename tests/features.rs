@@ -107,6 +107,36 @@ async fn shadow_mode_never_denies_but_reports() {
     );
 }
 
+/// On a 429, `X-RateLimit-Reset` (and the IETF `t`) is never sooner than
+/// `Retry-After`: with two windows both spent, the one that frees first
+/// (the shorter, which the tie picks) is not the one that lets the request
+/// through, and a client retrying at its reset would be denied again.
+#[tokio::test]
+async fn a_denial_never_resets_before_its_retry() {
+    let app = App::with(
+        one(Rule::new().second(1).minute(1)),
+        MemoryStore::new(),
+        |l| l.headers(HeaderMode::Both),
+    );
+    let first = app.get("/a", "u").await;
+    assert_eq!(first.number("x-ratelimit-reset"), 1);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("retry-after"), 60);
+    assert_eq!(denied.number("x-ratelimit-reset"), 60);
+    assert_eq!(
+        denied.header("ratelimit"),
+        Some(r#""1s";r=0;t=60, "60s";r=0"#)
+    );
+    app.advance_ms(59_999);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    app.advance_ms(1);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn ietf_headers_describe_every_window() {
     let rules = Rules::builder()
@@ -122,7 +152,9 @@ async fn ietf_headers_describe_every_window() {
     let reply = app.get("/a", "u").await;
     assert_eq!(
         reply.header("ratelimit-policy"),
-        Some(r#""1s";q=5;w=1, "60s";q=3;w=60, "route-500ms";q=100;w=1"#)
+        // (`w` is whole seconds: a 500 ms window has none rather than a
+        // wrong one, which would say 100 a second.)
+        Some(r#""1s";q=5;w=1, "60s";q=3;w=60, "route-500ms";q=100"#)
     );
     assert_eq!(
         reply.header("ratelimit"),
