@@ -410,6 +410,16 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
     // An optional multiple of the unit: `5/10 seconds`, `5/10seconds`.
     let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
     let (times, unit) = rest.split_at(digits);
+    if unit.starts_with(['.', ',']) {
+        let number: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | ','))
+            .collect();
+        return Err(format!(
+            "`{}` is not a whole number of units (write `500 ms` for half a second)",
+            number.escape_debug()
+        ));
+    }
     let times: u64 = match times {
         "" => 1,
         n => n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {

@@ -449,6 +449,11 @@ fn unreadable_limit_texts_are_rejected_and_named() {
         ("10 seconds", "limits[0]", "expected `<limit>/<unit>`"),
         ("10/0 seconds", "limits[0]", "`0` is not a length of window"),
         (
+            "10/0.5 seconds",
+            "limits[0]",
+            "`0.5` is not a whole number of units",
+        ),
+        (
             "99999999999999999999/second",
             "limits[0]",
             "is too large (at most 4294967295)",
