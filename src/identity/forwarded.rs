@@ -72,7 +72,10 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// first hop that is not is the client. Entries left of it were written by
 /// the client or by proxies you do not control, so a spoofed header can only
 /// ever add hops that are ignored. The other header is never read: a client
-/// could send it, and most proxies pass it through untouched.
+/// could send it, and most proxies pass it through untouched. An empty hop
+/// (an empty header, a trailing comma, a `Forwarded` element without
+/// `for=`) names no one: the nearest trusted hop is then the client, as
+/// when the header is missing.
 ///
 /// ```
 /// use tower_ratelimit::identity::ForwardedIp;
@@ -165,6 +168,11 @@ impl ForwardedIp {
             match parse_hop(&hop) {
                 Some(ip) if self.trusts(ip) => nearest = Client::Ip(ip),
                 Some(ip) => return Client::Ip(ip),
+                // An empty hop (an empty header, a trailing comma, a
+                // `Forwarded` element without `for=`) says nothing, as no
+                // header does: the nearest trusted hop is the client (what
+                // lies left of it no trusted proxy vouched for).
+                None if hop.is_empty() => return nearest,
                 None => return Client::Token(hop),
             }
         }
@@ -263,6 +271,27 @@ mod tests {
             map.append(*k, HeaderValue::from_str(v).unwrap());
         }
         map
+    }
+
+    /// An empty hop is no client: the nearest trusted hop is, as with no
+    /// header at all (not one `token:` budget shared by every such client,
+    /// and not the unvouched hops left of it).
+    #[test]
+    fn an_empty_hop_is_the_nearest_trusted_hop() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let proxy = ip("10.0.0.1");
+        for value in ["", " ", "6.6.6.6,", "6.6.6.6, "] {
+            let h = headers(&[("x-forwarded-for", value)]);
+            assert_eq!(f.client(proxy, &h), Client::Ip(proxy), "{value:?}");
+        }
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, , 10.0.0.2")]);
+        assert_eq!(f.client(proxy, &h), Client::Ip(ip("10.0.0.2")));
+        let r = ForwardedIp::new(["10.0.0.0/8"]).unwrap().rfc7239();
+        let h = headers(&[("forwarded", "for=6.6.6.6, by=10.0.0.1;proto=https")]);
+        assert_eq!(r.client(proxy, &h), Client::Ip(proxy));
+        // A real token is still a token.
+        let h = headers(&[("forwarded", "for=_hidden")]);
+        assert_eq!(r.client(proxy, &h), Client::Token("_hidden".to_owned()));
     }
 
     #[test]
