@@ -1487,7 +1487,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         // sent again).
         let prepare = async {
             self.scripts.ensure(&mut conn).await?;
-            self.clock.read(&mut conn).await
+            // (A server or proxy that refuses `TIME` leaves the clock
+            // unknown, and the checks without a deadline; a broken
+            // connection is an error.)
+            match self.clock.read(&mut conn).await {
+                Err(e) if broken(&e) || e.is_timeout() => Err(e),
+                _ => Ok(()),
+            }
         };
         tokio::time::timeout(self.load_timeout, prepare)
             .await
