@@ -1947,12 +1947,22 @@ async fn three_timeouts_drop_the_connection_and_later_checks_fail_fast() {
 
 /// Through Redis Sentinel: checks go to the master the sentinel names;
 /// after a failover, a connection to the old master is dropped when it
-/// fails (the old master died) or answers `READONLY` (it was demoted), and
-/// the next one goes to the new master, where the budgets are (replicated).
+/// fails (the old master died), answers `READONLY` (it was demoted), or the
+/// sentinel names another master (the old one still runs as a master,
+/// which the sentinels demote only seconds later: checks there would be
+/// lost), and the next one goes to the new master, where the budgets are
+/// (replicated).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_store_follows_the_master_through_failovers() {
     use support::redis_server::RedisSentinels;
-    for old_master_dies in [false, true] {
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum OldMaster {
+        Demoted,
+        Dies,
+        RunsOn,
+    }
+    for old in [OldMaster::Demoted, OldMaster::Dies, OldMaster::RunsOn] {
+        let old_master_dies = old == OldMaster::Dies;
         let mut set = RedisSentinels::start();
         let store = RedisStore::builder()
             .sentinel([set.sentinel_url()], "mymaster")
@@ -1967,6 +1977,35 @@ async fn a_sentinel_store_follows_the_master_through_failovers() {
         assert_eq!(keys(set.master.port, "s").len(), 1, "written on the master");
 
         set.failover();
+        if old == OldMaster::RunsOn {
+            // Still a master, accepting writes: the store must leave it
+            // because the sentinel names another, within a few seconds.
+            let started = Instant::now();
+            let mut probe = 0;
+            loop {
+                probe += 1;
+                let user = format!("moved-{probe}");
+                app.get("/a", &user).await;
+                if keys(set.replica.port, "s")
+                    .iter()
+                    .any(|k| k.contains(&user))
+                {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "still writing to the old master after {:?}",
+                    started.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+            assert_eq!(
+                app.get("/a", "u").await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+            continue;
+        }
         if old_master_dies {
             set.master.kill();
         } else {

@@ -727,6 +727,73 @@ impl ServerClock {
     }
 }
 
+/// For a target that moves (Sentinel): the master's address as the
+/// sentinels name it now, and the address the current connection was made
+/// to. A failover names a new master at once, but the old one may run on,
+/// still a master, for seconds until the sentinels demote it: a store that
+/// waited for an error there would spend budgets that the promotion drops.
+struct Follow {
+    master_now: Box<dyn Fn() -> BoxFuture<Option<String>> + Send + Sync>,
+    connected_to: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// Asks the sentinels, in turn, which address they name as `service`'s
+/// master (`SENTINEL GET-MASTER-ADDR-BY-NAME`), over one connection kept to
+/// the first that answers.
+fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> Follow {
+    let sentinels: Arc<[String]> = sentinels.into();
+    let service: Arc<str> = service.into();
+    let kept: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>> = Arc::default();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let master_now = move || -> BoxFuture<Option<String>> {
+        let (sentinels, service, kept) = (sentinels.clone(), service.clone(), kept.clone());
+        let config = config.clone();
+        Box::pin(async move {
+            let ask = |mut conn: MultiplexedConnection| {
+                let service = service.clone();
+                async move {
+                    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(&*service)
+                        .query_async(&mut conn)
+                        .await
+                        .ok()?;
+                    Some((format!("{host}:{port}"), conn))
+                }
+            };
+            let mut slot = kept.lock().await;
+            if let Some(conn) = slot.take() {
+                if let Some((at, conn)) = ask(conn).await {
+                    *slot = Some(conn);
+                    return Some(at);
+                }
+            }
+            for url in sentinels.iter() {
+                let Ok(client) = redis::Client::open(url.as_str()) else {
+                    continue;
+                };
+                let Ok(conn) = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                else {
+                    continue;
+                };
+                if let Some((at, conn)) = ask(conn).await {
+                    *slot = Some(conn);
+                    return Some(at);
+                }
+            }
+            None
+        })
+    };
+    Follow {
+        master_now: Box::new(master_now),
+        connected_to: Arc::default(),
+    }
+}
+
 /// How a [`Lazy`] treats its kind of connection.
 #[derive(Clone, Copy)]
 struct Shape {
@@ -1388,6 +1455,8 @@ struct Lazy<C> {
     /// connection that stayed idle.
     used: AtomicBool,
     clock: Arc<ServerClock>,
+    /// Set for Sentinel (see [`Follow`]).
+    follow: Option<Follow>,
     scripts: Arc<Scripts>,
     /// Whether a batch's checks of one kind go as one call of their batch
     /// script; turned off for good when the server refuses a call whose
@@ -1409,6 +1478,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     ) -> Arc<Self> {
         Arc::new(Self {
             clock,
+            follow: None,
             current: ArcSwapOption::empty(),
             connect,
             reconnecting: AtomicBool::new(false),
@@ -1434,7 +1504,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         clock: Arc<ServerClock>,
         what: &str,
     ) -> Arc<Self> {
-        let lazy = Self::new(connect, shape, scripts, load_timeout, clock);
+        Self::launch_following(connect, shape, scripts, load_timeout, clock, None, what).await
+    }
+
+    /// [`launch`](Self::launch), following a master that moves.
+    async fn launch_following(
+        connect: Connect<C>,
+        shape: Shape,
+        scripts: Arc<Scripts>,
+        load_timeout: Duration,
+        clock: Arc<ServerClock>,
+        follow: Option<Follow>,
+        what: &str,
+    ) -> Arc<Self> {
+        let mut lazy = Self::new(connect, shape, scripts, load_timeout, clock);
+        if let Some(this) = Arc::get_mut(&mut lazy) {
+            this.follow = follow;
+        }
         if let Err(error) = lazy.try_connect().await {
             tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
             lazy.reconnect();
@@ -1464,6 +1550,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
+                if let Some(follow) = &this.follow {
+                    this.follow_master(follow, ping_timeout).await;
+                }
                 let idle = !this.used.swap(false, Ordering::Relaxed) && keepalive.is_some();
                 if !idle && !this.clock.stale() {
                     continue;
@@ -1478,6 +1567,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                 this.used.store(false, Ordering::Relaxed);
             }
         });
+    }
+
+    /// Reconnects when the sentinels name another master than the one the
+    /// connection was made to (asked once a tick; an unanswered question
+    /// changes nothing).
+    async fn follow_master(self: &Arc<Self>, follow: &Follow, timeout: Duration) {
+        let asked = tokio::time::timeout(
+            timeout.max(Duration::from_millis(500)),
+            (follow.master_now)(),
+        );
+        let Ok(Some(now)) = asked.await else { return };
+        let moved = {
+            let connected = follow
+                .connected_to
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            connected.as_deref().is_some_and(|at| at != now)
+        };
+        if moved && self.get().is_some() {
+            tracing::info!(master = %now, "the sentinels name a new master; reconnecting");
+            self.drop_and_reconnect();
+        }
     }
 
     async fn try_connect(&self) -> Result<(), RedisError> {
@@ -2297,11 +2408,13 @@ impl RedisStoreBuilder {
     /// A master watched by Redis Sentinel: `sentinels` are the sentinels'
     /// addresses (`redis://127.0.0.1:26379`), `service` the name they know
     /// the master by (`mymaster`). Every connection is made to the master
-    /// they name at that moment, and one to a master that was demoted is
-    /// dropped at its first `READONLY` answer, so after a failover the store
-    /// follows the new master within one reconnect (its checks meanwhile
-    /// fail, and the layer's fail mode applies). One multiplexed
-    /// connection, as with [`url`](Self::url).
+    /// they name at that moment; one to a master that was demoted is
+    /// dropped at its first `READONLY` answer, and one to a master the
+    /// sentinels no longer name (asked once a second, over one kept
+    /// connection to a sentinel) is dropped then, so after a failover the
+    /// store follows the new master within a second and one reconnect (its
+    /// checks meanwhile fail, and the layer's fail mode applies). One
+    /// multiplexed connection, as with [`url`](Self::url).
     ///
     /// ```no_run
     /// use tower_ratelimit::store::redis::RedisStore;
@@ -2533,6 +2646,8 @@ impl RedisStoreBuilder {
                     None => None,
                 };
                 let what = format!("redis master `{service}` (through its sentinels)");
+                let follow = follow_sentinels(&sentinels, &service, connect_timeout);
+                let connected_to = follow.connected_to.clone();
                 let build = move |first: usize| {
                     // (Each attempt starts from the next sentinel: one that
                     // is down costs every attempt nothing but its turn.)
@@ -2556,11 +2671,22 @@ impl RedisStoreBuilder {
                     let config = config.clone();
                     let first = attempts.fetch_add(1, Ordering::Relaxed) as usize;
                     let client = build(first);
+                    let connected_to = connected_to.clone();
                     Box::pin(async move {
                         let mut client = client?;
                         // (The sentinels' answers have no timeout of their
                         // own: the whole connection is bounded.)
-                        let connect = client.get_async_connection_with_config(&config);
+                        let connect = async {
+                            let master = client.async_get_client().await?;
+                            let at = master.get_connection_info().addr().to_string();
+                            let conn = master
+                                .get_multiplexed_async_connection_with_config(&config)
+                                .await?;
+                            *connected_to
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+                            Ok(conn)
+                        };
                         tokio::time::timeout(connect_timeout.saturating_mul(4), connect)
                             .await
                             .unwrap_or_else(|_| {
@@ -2572,12 +2698,13 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Direct(
-                    Lazy::launch(
+                    Lazy::launch_following(
                         connect,
                         direct,
                         scripts.clone(),
                         load_timeout,
                         clock.clone(),
+                        Some(follow),
                         &what,
                     )
                     .await,
