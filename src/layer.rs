@@ -644,41 +644,78 @@ impl Fallback {
     }
 }
 
-/// Lets through at most one store-failure warning per second.
+/// Lets through at most one store-failure warning per second, and at most
+/// one adjustment-failure warning per second (each kind its own, so that
+/// one never hides the other, and each says how many of its own kind it
+/// held back).
 #[derive(Debug, Default)]
 pub(crate) struct WarnGate {
-    last: AtomicU64,
-    suppressed: AtomicU64,
+    store: Gate,
+    adjust: Gate,
 }
 
 impl WarnGate {
     pub(crate) fn store_failed(&self, error: &StoreError, mode: FailMode, now: u64) {
-        if let Some(suppressed) = self.pass(now) {
+        if let Some(suppressed) = self.store.pass(now) {
             tracing::warn!(%error, ?mode, suppressed, "rate-limit store failed; applying fail mode");
         }
     }
 
     /// An [`Adjustment`] the store could not make.
     pub(crate) fn adjust_failed(&self, error: &StoreError, now: u64) {
-        if let Some(suppressed) = self.pass(now) {
+        if let Some(suppressed) = self.adjust.pass(now) {
             tracing::warn!(%error, suppressed, "rate-limit store failed to adjust a budget");
         }
     }
+}
 
-    /// Whether a warning may go out at `now` (microseconds), and how many
-    /// were held back since the last one.
+/// One kind of warning's gate: a second at least between two.
+#[derive(Debug, Default)]
+struct Gate {
+    /// When the last warning went out, in microseconds, plus one (0: none
+    /// yet).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl Gate {
+    /// Whether a warning may go out at `now` (microseconds): a second or
+    /// more after the last one; and how many were held back since.
     fn pass(&self, now: u64) -> Option<u64> {
-        let second = now / 1_000_000 + 1;
         let last = self.last.load(Ordering::Relaxed);
-        if second > last
+        let due = last == 0 || now.saturating_add(1) >= last.saturating_add(1_000_000);
+        if due
             && self
                 .last
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(
+                    last,
+                    now.saturating_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
         {
             return Some(self.suppressed.swap(0, Ordering::Relaxed));
         }
         self.suppressed.fetch_add(1, Ordering::Relaxed);
         None
+    }
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use super::Gate;
+
+    /// A second between two warnings, counted from the last one (not from
+    /// whole seconds of the clock: two 18 ms apart across a second's edge
+    /// both went out).
+    #[test]
+    fn warnings_are_a_second_apart() {
+        let gate = Gate::default();
+        assert_eq!(gate.pass(985_000), Some(0));
+        assert_eq!(gate.pass(1_003_000), None);
+        assert_eq!(gate.pass(1_984_999), None);
+        assert_eq!(gate.pass(1_985_000), Some(2));
+        assert_eq!(gate.pass(1_985_001), None);
     }
 }

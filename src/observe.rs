@@ -9,11 +9,14 @@
 //!
 //! Metrics (cargo feature `metrics`, through the `metrics` crate):
 //! `tower_ratelimit_requests_total{outcome}` with outcome `allowed`,
-//! `denied`, `denied_locally`, `shadow_denied`, `fail_open`, `fail_closed`
-//! or `fallback`; `tower_ratelimit_near_limit_total`, the allowed requests
+//! `denied`, `denied_locally`, `shadow_denied`, `fail_open`, `fail_closed`,
+//! `fallback` (allowed by the fallback store while the store is failing) or
+//! `fallback_denied`; `tower_ratelimit_near_limit_total`, the allowed requests
 //! after which a window had spent at least 80% of its limit (envoy's
 //! near-limit: budgets about to be denied); `tower_ratelimit_store_errors_total`;
-//! and the histogram `tower_ratelimit_store_latency_seconds`.
+//! and the histogram `tower_ratelimit_store_latency_seconds` (every call of
+//! an asynchronous store, failed ones included; not a call the client gave
+//! up on before it ended).
 
 use std::time::Duration;
 
@@ -27,6 +30,7 @@ pub(crate) enum Outcome {
     FailOpen,
     FailClosed,
     Fallback,
+    FallbackDenied,
 }
 
 impl Outcome {
@@ -39,6 +43,7 @@ impl Outcome {
             Outcome::FailOpen => "fail_open",
             Outcome::FailClosed => "fail_closed",
             Outcome::Fallback => "fallback",
+            Outcome::FallbackDenied => "fallback_denied",
         }
     }
 }
@@ -67,6 +72,7 @@ mod keys {
     outcome_key!(FAIL_OPEN, FAIL_OPEN_LABELS, "fail_open");
     outcome_key!(FAIL_CLOSED, FAIL_CLOSED_LABELS, "fail_closed");
     outcome_key!(FALLBACK, FALLBACK_LABELS, "fallback");
+    outcome_key!(FALLBACK_DENIED, FALLBACK_DENIED_LABELS, "fallback_denied");
     pub(super) static NEAR_LIMIT: Key = Key::from_static_name("tower_ratelimit_near_limit_total");
     pub(super) static STORE_ERRORS: Key =
         Key::from_static_name("tower_ratelimit_store_errors_total");
@@ -94,6 +100,7 @@ pub(crate) fn outcome(
             Outcome::FailOpen => &keys::FAIL_OPEN,
             Outcome::FailClosed => &keys::FAIL_CLOSED,
             Outcome::Fallback => &keys::FALLBACK,
+            Outcome::FallbackDenied => &keys::FALLBACK_DENIED,
         };
         metrics::with_recorder(|r| r.register_counter(key, &keys::METADATA).increment(1));
     }

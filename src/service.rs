@@ -579,6 +579,11 @@ impl<St: Store, I> Shared<St, I> {
     ) -> Verdict<St::Future> {
         let options = &self.options;
         observe::store_error();
+        // (A failed call's latency too: in a brown-out, the calls that hit
+        // the deadline are the ones to see.)
+        if let Some(started) = checked.started {
+            observe::store_latency(started.elapsed());
+        }
         let mode = options.fail_mode;
         self.state
             .warnings
@@ -677,6 +682,7 @@ impl<St: Store, I> Shared<St, I> {
         }
         let outcome = match via {
             Outcome::Allowed => Outcome::Denied,
+            Outcome::Fallback => Outcome::FallbackDenied,
             other => other,
         };
         observe::outcome(&policy.route, checked.budget, outcome, || {

@@ -819,6 +819,13 @@ fn metrics_count_outcomes_and_store_latency() {
             app.get("/a", "u").await;
             store.failing.store(true, Ordering::SeqCst);
             app.get("/a", "v").await;
+            // Failing over to the memory store: its allowed and its denied
+            // requests told apart.
+            let fallback = App::with(one(Rule::new().second(1)), store.clone(), |l| {
+                l.denial_cache(0).fail_mode(FailMode::Fallback)
+            });
+            fallback.get("/a", "f").await;
+            fallback.get("/a", "f").await;
             // Near the limit: the 8th, 9th and 10th of 10 a minute (80% spent
             // and more), not the 7th; the 11th is denied.
             let near = App::new(one(Rule::new().minute(10).hour(1000)), MemoryStore::new());
@@ -854,13 +861,24 @@ fn metrics_count_outcomes_and_store_latency() {
         19
     );
     assert_eq!(counter("tower_ratelimit_requests_total", Some("denied")), 2);
-    // (And the first app's request, which spent its whole limit of 1.)
-    assert_eq!(counter("tower_ratelimit_near_limit_total", None), 5);
+    // (And the first app's request, which spent its whole limit of 1, and
+    // the fallback's allowed one, which did too.)
+    assert_eq!(counter("tower_ratelimit_near_limit_total", None), 6);
     assert_eq!(
         counter("tower_ratelimit_requests_total", Some("fail_open")),
         1
     );
-    assert_eq!(counter("tower_ratelimit_store_errors_total", None), 1);
+    assert_eq!(
+        counter("tower_ratelimit_requests_total", Some("fallback")),
+        1
+    );
+    assert_eq!(
+        counter("tower_ratelimit_requests_total", Some("fallback_denied")),
+        1
+    );
+    // (The fallback's second request did not ask the store: it probes it
+    // once per 500 ms.)
+    assert_eq!(counter("tower_ratelimit_store_errors_total", None), 2);
     let latencies = snapshot
         .iter()
         .find(|(key, ..)| key.key().name() == "tower_ratelimit_store_latency_seconds")
@@ -868,7 +886,8 @@ fn metrics_count_outcomes_and_store_latency() {
             DebugValue::Histogram(v) => v.len(),
             _ => 0,
         });
-    assert_eq!(latencies, Some(2));
+    // (The two answered calls and the two failed ones.)
+    assert_eq!(latencies, Some(4));
 }
 
 #[tokio::test]
