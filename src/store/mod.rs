@@ -425,10 +425,30 @@ impl Decision {
         decision
     }
 
-    /// Joins the decisions on a user's budget and on its route's budget:
-    /// allowed only if both are; the longest wait; the constraining window
-    /// of the two (the user's on ties).
-    pub(crate) fn join(user: Decision, global: Decision) -> Decision {
+    /// Joins the decisions on a user's budget and on its route's budget
+    /// (a check with a [`global`](Check::global) part): allowed only if
+    /// both are; the longest wait; the user's windows, then the route's;
+    /// the constraining window of the two (the user's on ties). A store
+    /// decides both first without recording, and records in both only if
+    /// both allow.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Decision, Window, WindowState};
+    ///
+    /// let user = WindowState::new(Window::new(Duration::from_secs(60), 10)?, 9);
+    /// let route = WindowState::new(Window::new(Duration::from_secs(60), 100)?, 0);
+    /// let wait = Some(Duration::from_secs(3));
+    /// let joined = Decision::join(
+    ///     Decision::new(true, None, Duration::from_secs(60), [user]),
+    ///     Decision::new(false, wait, Duration::from_secs(3), [route]),
+    /// );
+    /// assert!(!joined.allowed());
+    /// assert_eq!(joined.retry_after(), wait);
+    /// assert_eq!(joined.windows(), [user, route]);
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn join(user: Decision, global: Decision) -> Decision {
         let min = |d: &Decision| {
             d.windows()
                 .iter()
@@ -637,6 +657,34 @@ pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreEr
 /// the store (clone an `Arc` into it), so the layer can hold it across
 /// awaits without boxing. Every window's remaining is reported exactly,
 /// except where a check allows otherwise ([`Check::exact_windows`]).
+///
+/// Every field of a check is part of the question, and a store must honour
+/// each, or refuse the check with a [`StoreErrorKind::Config`] error (then
+/// the layer's [`FailMode`](crate::FailMode) applies) rather than decide
+/// a smaller question:
+///
+/// - [`budget`](Check::budget), [`windows`](Check::windows) (shortest
+///   first) and [`cost`](Check::cost): allowed only if every window has
+///   room for `cost` more; recorded in all of them, or in none.
+/// - [`algorithm`](Check::algorithm): how the windows count. A store that
+///   keeps one algorithm refuses the others.
+/// - [`global`](Check::global): a route-wide budget that every user of
+///   the route shares. Allowed only if both the user's windows and the
+///   route's allow; recorded in both or neither. The decision's windows
+///   are the user's, then the route's; [`Decision::join`] makes that
+///   decision from the two.
+/// - [`block`](Check::block): a request the user's own windows deny
+///   blocks the user's budget for this long, or for the request's own wait
+///   if that is longer; a blocked budget is denied without being looked at
+///   ([`Decision::new_blocked`]).
+/// - [`now`](Check::now): the time to decide at (an injected clock), else
+///   the store's own clock.
+/// - [`exact_windows`](Check::exact_windows): when `false`, a window that
+///   cannot deny may report an approximate remaining.
+///
+/// New fields of [`Check`] (it is `#[non_exhaustive]`) come with a minor
+/// version, default to what changes nothing for the checks a store
+/// already decides, and are listed here.
 pub trait Store: Send + Sync + 'static {
     /// The future of one check.
     type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
