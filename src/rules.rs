@@ -1250,8 +1250,12 @@ fn compile_rule(
     }
     let windows = rule.compile_windows(fail)?;
     // Limits the algorithm cannot count exactly (the route-wide windows
-    // are counted with this rule's algorithm too).
-    let route_wide = route.global.unwrap_or(&[]);
+    // are counted with this rule's algorithm too, when it has windows: an
+    // unlimited group never counts them).
+    let route_wide = match windows.is_empty() {
+        true => &[][..],
+        false => route.global.unwrap_or(&[]),
+    };
     let user = windows.iter().map(|w| (w, ""));
     for (w, whose) in user.chain(route_wide.iter().map(|w| (w, "global "))) {
         let too_many = match rule.algorithm {

@@ -558,6 +558,18 @@ fn limits_beyond_what_the_algorithm_counts_are_rejected() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), Some("global window of 60s"));
+    // An unlimited group on that route never counts the route-wide budget.
+    let built = Rules::builder()
+        .add_route(
+            Route::new("^/up")
+                .rules([
+                    Rule::new().second(5).algorithm(Algorithm::SlidingWindow),
+                    Rule::group("internal"),
+                ])
+                .global(Rule::new().hour(2_000_000)),
+        )
+        .build();
+    assert!(built.is_ok(), "{:?}", built.err());
 
     let err = error(
         "[[routes]]\npath = \"^/up\"\nrules = [{ algorithm = \"token-bucket\", second = 2000000 }]\n",

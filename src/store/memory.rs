@@ -196,16 +196,20 @@ impl Entry {
     }
 
     /// The answer to a request the user's own windows denied: a block, if
-    /// the rule has one, for the longer of the block and the wait (a block
-    /// shorter than the wait would end with the user denied and blocked
-    /// again, so every blocked answer reports when the user can pass).
+    /// the rule has one, reporting the longer of the block and the wait.
+    /// At a cost of 1 it also holds that long (a block shorter than the
+    /// wait would end with the user denied and blocked again, so every
+    /// blocked answer reports when the user can pass); a costlier
+    /// request's wait is its own, not a cheaper one's (and one above a
+    /// limit waits for ever), so it holds for the block time.
     #[inline(never)]
     fn block(&mut self, check: &CheckRef<'_>, denied: Decision, now: u64) -> Decision {
         let Some(block) = check.block else {
             return denied;
         };
         let wait = block.max(denied.retry_after().unwrap_or_default());
-        self.blocked_until = now.saturating_add(crate::clock::duration_micros(wait));
+        let hold = if check.cost == 1 { wait } else { block };
+        self.blocked_until = now.saturating_add(crate::clock::duration_micros(hold));
         Decision::new_blocked(wait, all_windows(check))
     }
 

@@ -30,6 +30,7 @@ macro_rules! conformance_suite {
             route_wide_limits_are_shared_and_atomic,
             block_time_blocks_and_reports_the_block,
             a_block_shorter_than_the_wait_reports_the_wait,
+            a_costly_denial_blocks_for_the_block_time,
             cost_is_spent_exactly,
             adjustments_penalize_and_refund,
             adjustments_reach_the_user_alone,
@@ -743,6 +744,56 @@ pub async fn a_block_shorter_than_the_wait_reports_the_wait<St: Store>(
         let after = replica_at(wait).get("/login", &user).await;
         assert_eq!(after.status, StatusCode::OK, "{algorithm:?}");
         assert_eq!(app.inner_calls(), 2, "{algorithm:?}");
+    }
+}
+
+/// A costlier request's wait is its own, not a cheaper one's (and one
+/// above a limit waits for ever): denied, it blocks the user for the block
+/// time only, after which a request of cost 1 that fits passes.
+pub async fn a_costly_denial_blocks_for_the_block_time<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let store = std::sync::Arc::new(store.await);
+    for (algorithm, costly) in ALGORITHMS.iter().flat_map(|a| [(*a, 6u32), (*a, 11)]) {
+        let rule = Rule::new()
+            .minute(10)
+            .block_time(Duration::from_secs(10))
+            .algorithm(algorithm);
+        let app = App::with(one_route("^/up", [rule]), store.clone(), |l| {
+            l.cost(|head| {
+                head.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+        });
+        let user = format!("costly-block-{}-{costly}", algorithm.as_str());
+        let with_cost = |cost: u32| {
+            http::Request::builder()
+                .uri("/up")
+                .header("x-user", user.as_str())
+                .header("x-cost", cost.to_string())
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let why = format!("{algorithm:?}, cost {costly}");
+        assert_eq!(
+            app.send_request(with_cost(6)).await.status,
+            StatusCode::OK,
+            "{why}"
+        );
+        let denied = app.send_request(with_cost(costly)).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{why}");
+        app.advance_ms(9_999);
+        let blocked = app.send_request(with_cost(1)).await;
+        assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS, "{why}");
+        assert_eq!(blocked.number("retry-after"), 1, "{why}");
+        app.advance_ms(1);
+        assert_eq!(
+            app.send_request(with_cost(1)).await.status,
+            StatusCode::OK,
+            "{why}"
+        );
     }
 }
 
