@@ -1964,10 +1964,13 @@ async fn a_sentinel_store_follows_the_master_through_failovers() {
     for old in [OldMaster::Demoted, OldMaster::Dies, OldMaster::RunsOn] {
         let old_master_dies = old == OldMaster::Dies;
         let mut set = RedisSentinels::start();
+        // (A long keepalive: the sentinels are asked once a second all the
+        // same.)
         let store = RedisStore::builder()
             .sentinel([set.sentinel_url()], "mymaster")
             .prefix("s")
             .timeout(TEST_TIMEOUT)
+            .keepalive(Some(Duration::from_secs(10)))
             .build()
             .await
             .unwrap();

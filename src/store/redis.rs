@@ -129,7 +129,7 @@ pub use deadpool_redis;
 use std::future::Future;
 use std::io::Write as _;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -566,11 +566,6 @@ impl Scripts {
         &self.general[i]
     }
 
-    /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
-    /// them by SHA: all at once, so a multiplexed connection sends them
-    /// together (one round trip, not one per script), and a Cluster
-    /// client sends each to every master (it would send a pipeline of
-    /// them to one node).
     /// Loads the scripts the server does not have (`SCRIPT EXISTS` first:
     /// a server that keeps them, as it does across a reconnect, gets one
     /// command instead of one load per script; a Cluster client asks every
@@ -601,6 +596,11 @@ impl Scripts {
         futures_util::future::try_join_all(loads).await.map(drop)
     }
 
+    /// Loads every script through `conn` (`SCRIPT LOAD`), so calls find
+    /// them by SHA: all at once, so a multiplexed connection sends them
+    /// together (one round trip, not one per script), and a Cluster
+    /// client sends each to every master (it would send a pipeline of
+    /// them to one node).
     async fn load<C: ConnectionLike + Clone>(&self, conn: &mut C) -> RedisResult<()> {
         let loads = self.all().map(|script| {
             let mut conn = conn.clone();
@@ -678,13 +678,14 @@ impl ServerClock {
         )
     }
 
-    /// Reads the server's clock on `conn` (a reading that took over 10 ms
-    /// is not trusted: its error would be as large).
+    /// Reads the server's clock on `conn` (a reading whose round trip took
+    /// over a fifth of [`CLOCK_MARGIN`] is not trusted: its error would be
+    /// up to half that).
     async fn read<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
         let sent = Instant::now();
         let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
         let received = Instant::now();
-        if received.duration_since(sent) <= Duration::from_millis(10) {
+        if received.duration_since(sent) <= CLOCK_MARGIN / 5 {
             let local = (self.micros(sent) + self.micros(received)) / 2;
             let server = secs.saturating_mul(1_000_000).saturating_add(micros);
             self.offset.store(server - local, Ordering::Relaxed);
@@ -735,6 +736,9 @@ impl ServerClock {
 struct Follow {
     master_now: Box<dyn Fn() -> BoxFuture<Option<String>> + Send + Sync>,
     connected_to: Arc<std::sync::Mutex<Option<String>>>,
+    /// How long one question may take: a connection to each sentinel in
+    /// turn, and an answer.
+    patience: Duration,
 }
 
 /// Asks the sentinels, in turn, which address they name as `service`'s
@@ -744,11 +748,23 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
     let sentinels: Arc<[String]> = sentinels.into();
     let service: Arc<str> = service.into();
     let kept: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>> = Arc::default();
+    // (Each question starts from the next sentinel: one that drops
+    // connections without a word costs a question its connect timeout, not
+    // every question all of it.)
+    let turn = Arc::new(AtomicUsize::new(0));
+    let patience = timeout
+        .saturating_mul(
+            u32::try_from(sentinels.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+        )
+        .max(Duration::from_millis(500));
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
     let master_now = move || -> BoxFuture<Option<String>> {
         let (sentinels, service, kept) = (sentinels.clone(), service.clone(), kept.clone());
+        let first = turn.fetch_add(1, Ordering::Relaxed);
         let config = config.clone();
         Box::pin(async move {
             let ask = |mut conn: MultiplexedConnection| {
@@ -770,7 +786,8 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
                     return Some(at);
                 }
             }
-            for url in sentinels.iter() {
+            let n = sentinels.len();
+            for url in (0..n).filter_map(|i| sentinels.get((first + i) % n)) {
                 let Ok(client) = redis::Client::open(url.as_str()) else {
                     continue;
                 };
@@ -791,6 +808,7 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
     Follow {
         master_now: Box::new(master_now),
         connected_to: Arc::default(),
+        patience,
     }
 }
 
@@ -805,6 +823,9 @@ struct Shape {
     keepalive: Option<Duration>,
     /// The deadline of a keepalive ping.
     ping_timeout: Duration,
+    /// Whether checks carry a deadline on the server's clock (not on a
+    /// Cluster: its nodes' clocks may disagree by more than the margin).
+    deadlines: bool,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -1457,6 +1478,8 @@ struct Lazy<C> {
     clock: Arc<ServerClock>,
     /// Set for Sentinel (see [`Follow`]).
     follow: Option<Follow>,
+    /// See [`Shape::deadlines`].
+    deadlines: bool,
     scripts: Arc<Scripts>,
     /// Whether a batch's checks of one kind go as one call of their batch
     /// script; turned off for good when the server refuses a call whose
@@ -1479,6 +1502,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         Arc::new(Self {
             clock,
             follow: None,
+            deadlines: shape.deadlines,
             current: ArcSwapOption::empty(),
             connect,
             reconnecting: AtomicBool::new(false),
@@ -1529,32 +1553,51 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         lazy
     }
 
-    /// Once a second, reads the server's clock when it is due (see
-    /// [`ServerClock`]) and, with a `keepalive` period, whenever a whole
-    /// period passed without a reply on the connection: the reading is the
-    /// ping, so a connection the server (its `timeout`), a load balancer or
-    /// a NAT closed while idle is found, and replaced, before a request
-    /// needs it, and one kept busy is never closed for idleness. While
-    /// checks flow, one command every [`CLOCK_READ_EVERY`], none per
-    /// request. Ends with the store.
+    /// Every tick (a second, or the keepalive period if shorter): asks the
+    /// sentinels which master they name, once a second (see [`Follow`]);
+    /// reads the server's clock when it is due (see [`ServerClock`]; not on
+    /// a Cluster, whose nodes keep clocks of their own); and, with a
+    /// `keepalive` period, reads it too when that long passed without a
+    /// reply on the connection: the reading is the ping, so a connection
+    /// the server (its `timeout`), a load balancer or a NAT closed while
+    /// idle is found, and replaced, before a request needs it, and one kept
+    /// busy is never closed for idleness. While checks flow, one command
+    /// every [`CLOCK_READ_EVERY`], none per request. Ends with the store.
     fn maintain(self: &Arc<Self>, keepalive: Option<Duration>, ping_timeout: Duration) {
+        const SECOND: Duration = Duration::from_secs(1);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let weak = Arc::downgrade(self);
-        let period = keepalive.unwrap_or(Duration::from_secs(1));
+        let tick = keepalive.map_or(SECOND, |k| k.min(SECOND));
+        // (Ticks without a reply after which the connection is idle.)
+        let idle_after = keepalive.map(|k| {
+            u32::try_from(k.as_nanos().div_ceil(tick.as_nanos().max(1)))
+                .unwrap_or(u32::MAX)
+                .max(1)
+        });
         runtime.spawn(async move {
-            let mut ticks = tokio::time::interval(period);
+            let mut ticks = tokio::time::interval(tick);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;
+            let mut unused = 0u32;
+            let mut followed = Instant::now();
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
                 if let Some(follow) = &this.follow {
-                    this.follow_master(follow, ping_timeout).await;
+                    if followed.elapsed() >= SECOND {
+                        followed = Instant::now();
+                        this.follow_master(follow).await;
+                    }
                 }
-                let idle = !this.used.swap(false, Ordering::Relaxed) && keepalive.is_some();
-                if !idle && !this.clock.stale() {
+                unused = match this.used.swap(false, Ordering::Relaxed) {
+                    true => 0,
+                    false => unused.saturating_add(1),
+                };
+                let idle = idle_after.is_some_and(|n| unused >= n);
+                let due = idle || (this.deadlines && this.clock.stale());
+                if !due {
                     continue;
                 }
                 let Some(mut conn) = this.get() else { continue };
@@ -1565,6 +1608,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                 }
                 // (The reading's own reply marked the connection used.)
                 this.used.store(false, Ordering::Relaxed);
+                unused = 0;
             }
         });
     }
@@ -1572,11 +1616,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     /// Reconnects when the sentinels name another master than the one the
     /// connection was made to (asked once a tick; an unanswered question
     /// changes nothing).
-    async fn follow_master(self: &Arc<Self>, follow: &Follow, timeout: Duration) {
-        let asked = tokio::time::timeout(
-            timeout.max(Duration::from_millis(500)),
-            (follow.master_now)(),
-        );
+    async fn follow_master(self: &Arc<Self>, follow: &Follow) {
+        let asked = tokio::time::timeout(follow.patience, (follow.master_now)());
         let Ok(Some(now)) = asked.await else { return };
         let moved = {
             let connected = follow
@@ -1598,9 +1639,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         // sent again).
         let prepare = async {
             self.scripts.ensure(&mut conn).await?;
-            // (A server or proxy that refuses `TIME` leaves the clock
-            // unknown, and the checks without a deadline; a broken
-            // connection is an error.)
+            if !self.deadlines {
+                return Ok(());
+            }
+            // (Another server's offset is not this one's: unknown until
+            // read. A server or proxy that refuses `TIME` leaves it so, and
+            // the checks without a deadline; a broken connection is an
+            // error.)
+            self.clock.doubt();
             match self.clock.read(&mut conn).await {
                 Err(e) if broken(&e) || e.is_timeout() => Err(e),
                 _ => Ok(()),
@@ -2584,12 +2630,14 @@ impl RedisStoreBuilder {
             heals: false,
             keepalive: self.keepalive,
             ping_timeout: response_timeout,
+            deadlines: true,
         };
         let cluster = Shape {
             drop_when_broken: false,
             heals: true,
             keepalive: None,
             ping_timeout: response_timeout,
+            deadlines: false,
         };
         let cluster_pool = Shape {
             drop_when_broken: true,
@@ -2827,6 +2875,7 @@ mod tests {
         heals: false,
         keepalive: None,
         ping_timeout: Duration::from_millis(50),
+        deadlines: true,
     };
 
     /// A connection that is always refused, counting its attempts.
