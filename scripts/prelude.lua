@@ -107,6 +107,6 @@ if block > 0 then
     if cost == 1 then hold = math.max(block, retry) end
     redis.call('SET', KEYS[2], fmt('%d', now + hold), 'PX',
       fmt('%d', math.max(math.ceil(hold / 1000), 1) + ttl_pad))
-    return blocked(hold)
+    return blocked(math.max(block, retry))
   end
 end
