@@ -96,7 +96,7 @@ if block > 0 then
   if blocked_until and blocked_until > now then
     return blocked(blocked_until - now)
   end
-  -- A request of cost 1 blocks for the block time or its own wait, the
+  -- A request of cost 1 (or 0) blocks for the block time or its own wait, the
   -- longer: a user blocked for less than the wait would be denied and
   -- blocked again when the block ends, so every blocked answer's wait is
   -- the time until the user can pass. (A costlier request's wait is its
@@ -104,7 +104,7 @@ if block > 0 then
   -- block for the block time.)
   block_user = function(retry)
     local hold = block
-    if cost == 1 then hold = math.max(block, retry) end
+    if cost <= 1 then hold = math.max(block, retry) end
     redis.call('SET', KEYS[2], fmt('%d', now + hold), 'PX',
       fmt('%d', math.max(math.ceil(hold / 1000), 1) + ttl_pad))
     return blocked(math.max(block, retry))

@@ -324,11 +324,11 @@ elseif size > 0 and ttl_pad > 0 and now > at then
   redis.call('SETRANGE', key, 8 * size + $ATOFFSET, struct.pack('<d', now))
 end
 
--- A denial blocks the user for the block time or, at a cost of 1, the
+-- A denial blocks the user for the block time or, at a cost of 1 or 0, the
 -- wait, the longer (see prelude.lua's block_user).
 if allowed == 0 and block > 0 then
   local wait, hold = math.max(block, retry), block
-  if cost == 1 then hold = wait end
+  if cost <= 1 then hold = wait end
   redis.call('SET', $KEY2, string.format('%d', now + hold), 'PX',
     string.format('%d', math.max(math.ceil(hold / 1000), 1) + ttl_pad))
   return struct.pack('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})

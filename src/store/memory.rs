@@ -197,7 +197,7 @@ impl Entry {
 
     /// The answer to a request the user's own windows denied: a block, if
     /// the rule has one, reporting the longer of the block and the wait.
-    /// At a cost of 1 it also holds that long (a block shorter than the
+    /// At a cost of 1 (or 0) it also holds that long (a block shorter than the
     /// wait would end with the user denied and blocked again, so every
     /// blocked answer reports when the user can pass); a costlier
     /// request's wait is its own, not a cheaper one's (and one above a
@@ -208,7 +208,7 @@ impl Entry {
             return denied;
         };
         let wait = block.max(denied.retry_after().unwrap_or_default());
-        let hold = if check.cost == 1 { wait } else { block };
+        let hold = if check.cost <= 1 { wait } else { block };
         self.blocked_until = now.saturating_add(crate::clock::duration_micros(hold));
         Decision::new_blocked(wait, all_windows(check))
     }

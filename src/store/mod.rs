@@ -196,8 +196,11 @@ impl Check {
 
 impl CheckRef<'_> {
     /// `Ok` when the built-in stores can decide this check: at most
-    /// [`MAX_WINDOWS`] windows of the user's and as many route-wide (the
-    /// layer's rules never make more; a check made by hand might).
+    /// [`MAX_WINDOWS`] windows of the user's and as many route-wide, and
+    /// for a sliding log no window allowing more than
+    /// [`MAX_LOG_LIMIT`](crate::rules::MAX_LOG_LIMIT) (the layer's rules
+    /// never make such checks; one made by hand might, and would have a
+    /// store write an entry per unit of a cost that large).
     ///
     /// ```
     /// use std::time::Duration;
@@ -209,14 +212,43 @@ impl CheckRef<'_> {
     ///     .collect();
     /// let error = Check::new("r1:alice", windows).as_ref().supported().unwrap_err();
     /// assert_eq!(error.kind(), StoreErrorKind::Config);
+    ///
+    /// // A sliding log (the default algorithm) of 2,000,000 a day.
+    /// let day = Window::new(Duration::from_secs(86_400), 2_000_000).unwrap();
+    /// let error = Check::new("r1:bob", [day]).as_ref().supported().unwrap_err();
+    /// assert_eq!(error.kind(), StoreErrorKind::Config);
+    /// let counted = Check::new("r1:bob", [day]).with_algorithm(tower_ratelimit::Algorithm::SlidingWindow);
+    /// assert!(counted.as_ref().supported().is_ok());
     /// ```
     pub fn supported(&self) -> Result<(), StoreError> {
-        let global = self.global.map_or(0, |g| g.windows.len());
-        if self.windows.len() <= MAX_WINDOWS && global <= MAX_WINDOWS {
-            return Ok(());
+        let global = self.global.map_or(&[][..], |g| g.windows);
+        if self.windows.len() > MAX_WINDOWS || global.len() > MAX_WINDOWS {
+            return Err(too_many_windows(self.windows.len(), global.len()));
         }
-        Err(too_many_windows(self.windows.len(), global))
+        if self.algorithm == Algorithm::SlidingLog
+            && self
+                .windows
+                .iter()
+                .chain(global)
+                .any(|w| w.limit() > crate::rules::MAX_LOG_LIMIT)
+        {
+            return Err(log_too_long());
+        }
+        Ok(())
     }
+}
+
+/// (Out of line: the layer never gets here.)
+#[cold]
+#[inline(never)]
+fn log_too_long() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        format!(
+            "a sliding log's window allows at most {} (its store keeps an entry per unit)",
+            crate::rules::MAX_LOG_LIMIT
+        ),
+    )
 }
 
 /// (Out of line: the layer never gets here.)
@@ -674,8 +706,9 @@ pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreEr
 ///   are the user's, then the route's; [`Decision::join`] makes that
 ///   decision from the two.
 /// - [`block`](Check::block): a request the user's own windows deny
-///   blocks the user's budget for this long, or for the request's own wait
-///   if that is longer; a blocked budget is denied without being looked at
+///   blocks the user's budget for this long (at a cost of 0 or 1, for the
+///   request's own wait if that is longer), and is answered with the longer
+///   of the two; a blocked budget is denied without being looked at
 ///   ([`Decision::new_blocked`]).
 /// - [`now`](Check::now): the time to decide at (an injected clock), else
 ///   the store's own clock.

@@ -654,10 +654,9 @@ struct ServerClock {
 }
 
 /// What a deadline on the server's clock allows beyond the check's own: the
-/// reading's error (half a round trip), the two clocks' drift between
-/// readings, and, on a Cluster (whose clock is read on one node), the
-/// nodes' disagreement, with room to spare; a check that Redis runs later
-/// than its deadline and this is refused by the script.
+/// reading's error (half a round trip) and the two clocks' drift between
+/// readings, with room to spare; a check that Redis runs later than its
+/// deadline and this is refused by the script.
 const CLOCK_MARGIN: Duration = Duration::from_millis(500);
 
 /// How often the server's clock is read again while checks flow.
@@ -734,7 +733,8 @@ impl ServerClock {
 /// still a master, for seconds until the sentinels demote it: a store that
 /// waited for an error there would spend budgets that the promotion drops.
 struct Follow {
-    master_now: Box<dyn Fn() -> BoxFuture<Option<String>> + Send + Sync>,
+    /// Asks; `true`: another sentinel than the one last asked.
+    master_now: Box<dyn Fn(bool) -> BoxFuture<Option<String>> + Send + Sync>,
     connected_to: Arc<std::sync::Mutex<Option<String>>>,
     /// How long one question may take: a connection to each sentinel in
     /// turn, and an answer.
@@ -762,7 +762,7 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
-    let master_now = move || -> BoxFuture<Option<String>> {
+    let master_now = move |another: bool| -> BoxFuture<Option<String>> {
         let (sentinels, service, kept) = (sentinels.clone(), service.clone(), kept.clone());
         let first = turn.fetch_add(1, Ordering::Relaxed);
         let config = config.clone();
@@ -780,6 +780,9 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
                 }
             };
             let mut slot = kept.lock().await;
+            if another {
+                *slot = None;
+            }
             if let Some(conn) = slot.take() {
                 if let Some((at, conn)) = ask(conn).await {
                     *slot = Some(conn);
@@ -1542,8 +1545,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         what: &str,
     ) -> Arc<Self> {
         let mut lazy = Self::new(connect, shape, scripts, load_timeout, clock);
+        let following = follow.is_some();
         if let Some(this) = Arc::get_mut(&mut lazy) {
             this.follow = follow;
+        }
+        if following {
+            lazy.follow();
         }
         if let Err(error) = lazy.try_connect().await {
             tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
@@ -1553,8 +1560,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         lazy
     }
 
-    /// Every tick (a second, or the keepalive period if shorter): asks the
-    /// sentinels which master they name, once a second (see [`Follow`]);
+    /// Every tick (a second, or half the keepalive period if shorter):
     /// reads the server's clock when it is due (see [`ServerClock`]; not on
     /// a Cluster, whose nodes keep clocks of their own); and, with a
     /// `keepalive` period, reads it too when that long passed without a
@@ -1569,7 +1575,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             return;
         };
         let weak = Arc::downgrade(self);
-        let tick = keepalive.map_or(SECOND, |k| k.min(SECOND));
+        // (Half the keepalive: a connection is pinged once idle for the
+        // keepalive, and at most half that again.)
+        let tick = keepalive.map_or(SECOND, |k| (k / 2).clamp(Duration::from_millis(1), SECOND));
         // (Ticks without a reply after which the connection is idle.)
         let idle_after = keepalive.map(|k| {
             u32::try_from(k.as_nanos().div_ceil(tick.as_nanos().max(1)))
@@ -1581,16 +1589,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;
             let mut unused = 0u32;
-            let mut followed = Instant::now();
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
-                if let Some(follow) = &this.follow {
-                    if followed.elapsed() >= SECOND {
-                        followed = Instant::now();
-                        this.follow_master(follow).await;
-                    }
-                }
                 unused = match this.used.swap(false, Ordering::Relaxed) {
                     true => 0,
                     false => unused.saturating_add(1),
@@ -1613,23 +1614,53 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         });
     }
 
-    /// Reconnects when the sentinels name another master than the one the
-    /// connection was made to (asked once a tick; an unanswered question
-    /// changes nothing).
-    async fn follow_master(self: &Arc<Self>, follow: &Follow) {
-        let asked = tokio::time::timeout(follow.patience, (follow.master_now)());
-        let Ok(Some(now)) = asked.await else { return };
-        let moved = {
-            let connected = follow
-                .connected_to
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            connected.as_deref().is_some_and(|at| at != now)
+    /// Asks the sentinels once a second which master they name (see
+    /// [`Follow`]), in a task of its own (a slow question never delays the
+    /// keepalive), which ends with the store.
+    fn follow(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-        if moved && self.get().is_some() {
-            tracing::info!(master = %now, "the sentinels name a new master; reconnecting");
-            self.drop_and_reconnect();
-        }
+        let weak = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_secs(1));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            // (The last disagreement acted on: named, connected to.)
+            let mut acted: Option<(String, String)> = None;
+            loop {
+                ticks.tick().await;
+                let Some(this) = weak.upgrade() else { return };
+                let Some(follow) = &this.follow else { return };
+                let question = (follow.master_now)(acted.is_some());
+                let asked = tokio::time::timeout(follow.patience, question).await;
+                drop(this);
+                let Ok(Some(named)) = asked else { continue };
+                let Some(this) = weak.upgrade() else { return };
+                let Some(follow) = &this.follow else { return };
+                let connected = follow
+                    .connected_to
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                let Some(connected) = connected.filter(|at| *at != named) else {
+                    acted = None;
+                    continue;
+                };
+                // Once for a disagreement: a reconnect that lands where it
+                // was (the sentinels that the connection asks, which skip a
+                // master they see down, name another than the one asked
+                // here) is left alone, and the next question goes to
+                // another sentinel.
+                let pair = (named, connected);
+                if acted.as_ref() == Some(&pair) || this.get().is_none() {
+                    continue;
+                }
+                tracing::info!(master = %pair.0, "the sentinels name a new master; reconnecting");
+                this.drop_and_reconnect();
+                acted = Some(pair);
+            }
+        });
     }
 
     async fn try_connect(&self) -> Result<(), RedisError> {
@@ -2548,7 +2579,8 @@ impl RedisStoreBuilder {
 
     /// How long the store's connection (its own, or the one it holds from
     /// a caller's pool; not a Cluster client's, which heals node by node)
-    /// may stay idle before the store pings it (default 1 s; `None`: never).
+    /// may stay idle before the store pings it, at most half that again
+    /// later (default 1 s; `None`: never).
     /// A connection that a server's `timeout`, a load balancer or a NAT
     /// closed while idle is then found and replaced before a request needs
     /// it, and one pinged is not closed for idleness; while checks flow, no
