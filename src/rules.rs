@@ -280,7 +280,8 @@ impl Rule {
 
     /// Adds the windows of a limit text, as Flask-Limiter writes them:
     /// items such as `10/second`, `100 per minute` or `5/10 seconds`,
-    /// separated by `;`, `,` or `|`. Units: `millisecond`, `second`,
+    /// separated by `;`, `,` or `|` (one may end the text; two in a row
+    /// are an error). Units: `millisecond`, `second`,
     /// `minute`, `hour`, `day`, `month` (30 days) and `year` (365 days;
     /// Flask-Limiter's is 360),
     /// singular or plural, any case (also `ms`, `s`, `sec`, `min`, `h`,
@@ -314,11 +315,25 @@ impl Rule {
         if self.notation_error.is_some() {
             return;
         }
-        let items: Vec<&str> = text
-            .split([';', ',', '|'])
-            .map(str::trim)
-            .filter(|item| !item.is_empty())
-            .collect();
+        let mut items: Vec<&str> = text.split([';', ',', '|']).map(str::trim).collect();
+        // (One separator may end the text; an empty item elsewhere, `;;`,
+        // is a typo, most likely of a limit left out.)
+        if items.len() > 1 && items.last() == Some(&"") {
+            items.pop();
+        }
+        if items.len() > 1 {
+            if let Some(i) = items.iter().position(|item| item.is_empty()) {
+                self.notation_error = Some((
+                    format!("limits[{i}]"),
+                    format!(
+                        "`{}` has an empty item (two separators in a row)",
+                        text.escape_debug()
+                    ),
+                ));
+                return;
+            }
+        }
+        items.retain(|item| !item.is_empty());
         if items.is_empty() {
             self.notation_error = Some((
                 "limits".to_owned(),
@@ -394,6 +409,9 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
             .ok_or("expected `<limit>/<unit>` or `<limit> per <unit>`, like `10/second`")?,
     };
     let count = count.trim();
+    if count.starts_with('+') {
+        return Err(format!("`{}` is not a whole number", count.escape_debug()));
+    }
     let digits_only = |text: &str| {
         let text = text.strip_prefix(['-', '+']).unwrap_or(text);
         !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())

@@ -464,7 +464,9 @@ fn unreadable_limit_texts_are_rejected_and_named() {
             "longer than any window",
         ),
         ("", "limits", "holds no limit"),
-        (" ; ,", "limits", "holds no limit"),
+        (" ; ,", "limits[0]", "has an empty item"),
+        ("10/second;;20/minute", "limits[1]", "has an empty item"),
+        ("+1/second", "limits[0]", "`+1` is not a whole number"),
         (
             "1/second\n; 2/x\n{key}",
             "limits[1]",
