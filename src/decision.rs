@@ -546,15 +546,11 @@ fn grpc_message(message: &str) -> Cow<'_, str> {
         if plain(b) {
             out.push(char::from(b));
         } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
+            let _ = write!(out, "%{b:02X}");
         }
     }
     Cow::Owned(out)
 }
-
-const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");

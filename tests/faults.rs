@@ -616,6 +616,16 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
     assert!(worst < DEADLINE + SLACK, "slowest request {worst:?}");
 }
 
+/// [`app_with`] on `server`'s own connection, failing closed.
+async fn failing_closed_on(server: &RedisServer, batched: bool) -> App {
+    app_with(
+        RedisStore::builder().url(server.url()),
+        FailMode::Closed,
+        batched,
+    )
+    .await
+}
+
 /// After `SCRIPT FLUSH` (or a restart), the checks in flight that Redis
 /// answers `NOSCRIPT` share one load of their script: not one
 /// `SCRIPT LOAD` each, which grew with the concurrency and the replicas.
@@ -623,12 +633,7 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
 async fn checks_in_flight_after_a_script_flush_share_one_load() {
     for batched in [false, true] {
         let server = RedisServer::start();
-        let app = app_with(
-            RedisStore::builder().url(server.url()),
-            FailMode::Closed,
-            batched,
-        )
-        .await;
+        let app = failing_closed_on(&server, batched).await;
         assert!(app.get("/x", "warm").await.limited());
         assert_eq!(server.cli(&["script", "flush"]), "OK");
         let before = server.calls("script|load");
@@ -654,12 +659,7 @@ async fn checks_in_flight_after_a_script_flush_share_one_load() {
 async fn checks_redis_runs_after_a_stall_are_not_charged() {
     for batched in [false, true] {
         let server = RedisServer::start();
-        let app = app_with(
-            RedisStore::builder().url(server.url()),
-            FailMode::Closed,
-            batched,
-        )
-        .await;
+        let app = failing_closed_on(&server, batched).await;
         assert!(app.get("/x", "warm").await.limited(), "batched {batched}");
         assert_eq!(server.cli(&["client", "pause", "1500", "all"]), "OK");
         let paused = Instant::now();

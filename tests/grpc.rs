@@ -18,6 +18,27 @@ async fn client(addr: std::net::SocketAddr) -> HealthClient<tonic::transport::Ch
     HealthClient::new(channel)
 }
 
+/// Rules limiting the health service to 2 calls a minute.
+fn health_rules() -> tower_ratelimit::Rules {
+    tower_ratelimit::Rules::builder()
+        .route(
+            r"^/grpc\.health\.v1\.Health/",
+            [tower_ratelimit::Rule::new().minute(2)],
+        )
+        .build()
+        .unwrap()
+}
+
+/// The health service, its whole server reported serving.
+async fn serving_health(
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    health
+}
+
 /// A health check of the whole server.
 fn health_check() -> tonic::Request<HealthCheckRequest> {
     tonic::Request::new(HealthCheckRequest {
@@ -78,17 +99,11 @@ async fn a_real_grpc_client_is_limited_the_grpc_way() {
 /// missing address.
 #[tokio::test]
 async fn the_default_identity_reads_the_peer_a_tonic_server_records() {
-    use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+    use tower_ratelimit::{MemoryStore, RateLimitLayer};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let rules = Rules::builder()
-        .route(r"^/grpc\.health\.v1\.Health/", [Rule::new().minute(2)])
-        .build()
-        .unwrap();
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    let rules = health_rules();
+    let health = serving_health().await;
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .layer(RateLimitLayer::new(rules, MemoryStore::new()))
@@ -181,14 +196,11 @@ async fn the_example_answers_reflection_unlimited() {
 #[tokio::test]
 async fn a_real_client_reads_messages_exactly_and_is_told_not_to_retry() {
     use tower_ratelimit::identity::{Identity, IdentityError};
-    use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+    use tower_ratelimit::{MemoryStore, RateLimitLayer};
     const MESSAGE: &str = "key 100%41 rejected\nretry: nö";
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let rules = Rules::builder()
-        .route(r"^/grpc\.health\.v1\.Health/", [Rule::new().minute(2)])
-        .build()
-        .unwrap();
+    let rules = health_rules();
     let layer = RateLimitLayer::new(rules, MemoryStore::new())
         .identify(|head: &http::request::Parts| {
             let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
@@ -204,10 +216,7 @@ async fn a_real_client_reads_messages_exactly_and_is_told_not_to_retry() {
                 1
             }
         });
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    let health = serving_health().await;
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .layer(layer)

@@ -1494,17 +1494,30 @@ struct Lazy<C> {
     load_timeout: Duration,
 }
 
+/// What every connection of a store shares: its scripts, its reading of
+/// the server's clock, and the bound on a new connection's setup.
+#[derive(Clone)]
+struct Common {
+    scripts: Arc<Scripts>,
+    clock: Arc<ServerClock>,
+    load_timeout: Duration,
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     fn new(
         connect: Connect<C>,
         shape: Shape,
-        scripts: Arc<Scripts>,
-        load_timeout: Duration,
-        clock: Arc<ServerClock>,
+        common: &Common,
+        follow: Option<Follow>,
     ) -> Arc<Self> {
+        let Common {
+            scripts,
+            clock,
+            load_timeout,
+        } = common.clone();
         Arc::new(Self {
             clock,
-            follow: None,
+            follow,
             deadlines: shape.deadlines,
             current: ArcSwapOption::empty(),
             connect,
@@ -1521,35 +1534,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 
     /// Connects now, or, when that fails (logged, naming `what`), keeps
     /// trying in the background: a store is usable before Redis is, its
-    /// checks failing meanwhile. With a `keepalive` period, a connection
-    /// left idle that long is pinged (see [`keepalive`](Self::keepalive)).
+    /// checks failing meanwhile. Its upkeep runs in the background too (see
+    /// [`maintain`](Self::maintain)), and, with `follow`, the question of
+    /// where the master is (see [`follow`](Self::follow)).
     async fn launch(
         connect: Connect<C>,
         shape: Shape,
-        scripts: Arc<Scripts>,
-        load_timeout: Duration,
-        clock: Arc<ServerClock>,
-        what: &str,
-    ) -> Arc<Self> {
-        Self::launch_following(connect, shape, scripts, load_timeout, clock, None, what).await
-    }
-
-    /// [`launch`](Self::launch), following a master that moves.
-    async fn launch_following(
-        connect: Connect<C>,
-        shape: Shape,
-        scripts: Arc<Scripts>,
-        load_timeout: Duration,
-        clock: Arc<ServerClock>,
+        common: &Common,
         follow: Option<Follow>,
         what: &str,
     ) -> Arc<Self> {
-        let mut lazy = Self::new(connect, shape, scripts, load_timeout, clock);
-        let following = follow.is_some();
-        if let Some(this) = Arc::get_mut(&mut lazy) {
-            this.follow = follow;
-        }
-        if following {
+        let lazy = Self::new(connect, shape, common, follow);
+        if lazy.follow.is_some() {
             lazy.follow();
         }
         if let Err(error) = lazy.try_connect().await {
@@ -2647,12 +2643,15 @@ impl RedisStoreBuilder {
         if self.prefix.contains(['{', '}']) {
             return Err(config_error("the key prefix must not contain `{` or `}`"));
         }
-        let scripts = Arc::new(Scripts::new());
-        let clock = Arc::new(ServerClock::new());
         let response_timeout = self.timeout;
         let connect_timeout = self.connect_timeout;
-        // (Loading the scripts on a new connection: a few dozen round trips.)
-        let load_timeout = connect_timeout.saturating_mul(4);
+        let common = Common {
+            scripts: Arc::new(Scripts::new()),
+            clock: Arc::new(ServerClock::new()),
+            // (Loading the scripts on a new connection: a few dozen round
+            // trips.)
+            load_timeout: connect_timeout.saturating_mul(4),
+        };
         // A multiplexed connection (of its own or a pool's) is replaced when
         // it breaks, and kept alive while idle; a Cluster client heals
         // itself node by node (its own, kept; a pool's, replaced only when it
@@ -2692,17 +2691,7 @@ impl RedisStoreBuilder {
                             .await
                     })
                 });
-                Backend::Direct(
-                    Lazy::launch(
-                        connect,
-                        direct,
-                        scripts.clone(),
-                        load_timeout,
-                        clock.clone(),
-                        "redis",
-                    )
-                    .await,
-                )
+                Backend::Direct(Lazy::launch(connect, direct, &common, None, "redis").await)
             }
             Some(Target::Sentinel {
                 sentinels,
@@ -2777,18 +2766,7 @@ impl RedisStoreBuilder {
                             })
                     })
                 });
-                Backend::Direct(
-                    Lazy::launch_following(
-                        connect,
-                        direct,
-                        scripts.clone(),
-                        load_timeout,
-                        clock.clone(),
-                        Some(follow),
-                        &what,
-                    )
-                    .await,
-                )
+                Backend::Direct(Lazy::launch(connect, direct, &common, Some(follow), &what).await)
             }
             Some(Target::Cluster(urls)) => {
                 let client =
@@ -2815,15 +2793,7 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Cluster(
-                    Lazy::launch(
-                        connect,
-                        cluster,
-                        scripts.clone(),
-                        load_timeout,
-                        clock.clone(),
-                        "redis cluster",
-                    )
-                    .await,
+                    Lazy::launch(connect, cluster, &common, None, "redis cluster").await,
                 )
             }
             // (A pool's connections multiplex: the store keeps one checked
@@ -2837,17 +2807,7 @@ impl RedisStoreBuilder {
                     Box::pin(async move { pool.get().await })
                 };
                 let connect = checkout(get, connect_timeout);
-                Backend::Pool(
-                    Lazy::launch(
-                        connect,
-                        direct,
-                        scripts.clone(),
-                        load_timeout,
-                        clock.clone(),
-                        "redis (pool)",
-                    )
-                    .await,
-                )
+                Backend::Pool(Lazy::launch(connect, direct, &common, None, "redis (pool)").await)
             }
             Some(Target::ClusterPool(pool)) => {
                 let get = move || -> BoxFuture<_> {
@@ -2856,17 +2816,7 @@ impl RedisStoreBuilder {
                 };
                 let connect = checkout(get, connect_timeout);
                 let what = "redis cluster (pool)";
-                Backend::ClusterPool(
-                    Lazy::launch(
-                        connect,
-                        cluster_pool,
-                        scripts.clone(),
-                        load_timeout,
-                        clock.clone(),
-                        what,
-                    )
-                    .await,
-                )
+                Backend::ClusterPool(Lazy::launch(connect, cluster_pool, &common, None, what).await)
             }
         };
         let batcher = match &backend {
@@ -2886,8 +2836,8 @@ impl RedisStoreBuilder {
                 batcher,
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
-                scripts,
-                clock,
+                scripts: common.scripts,
+                clock: common.clock,
             }),
         })
     }
@@ -2910,6 +2860,14 @@ mod tests {
         deadlines: true,
     };
 
+    fn test_common() -> Common {
+        Common {
+            scripts: Arc::new(Scripts::new()),
+            clock: Arc::new(ServerClock::new()),
+            load_timeout: Duration::from_secs(2),
+        }
+    }
+
     /// A connection that is always refused, counting its attempts.
     fn refused(attempts: Arc<AtomicU32>) -> Connect<MultiplexedConnection> {
         Box::new(move || {
@@ -2930,13 +2888,7 @@ mod tests {
         let attempts = Arc::new(AtomicU32::new(0));
         let connect = refused(attempts.clone());
         // (Not launched: no connection, no loop.)
-        let lazy = Lazy::new(
-            connect,
-            TEST_SHAPE,
-            Arc::new(Scripts::new()),
-            Duration::from_secs(2),
-            Arc::new(ServerClock::new()),
-        );
+        let lazy = Lazy::new(connect, TEST_SHAPE, &test_common(), None);
         let reply = lazy
             .invoke(&redis::cmd("PING"), Duration::from_millis(50))
             .await;
@@ -2952,15 +2904,7 @@ mod tests {
     async fn the_reconnect_loop_ends_with_the_store() {
         let attempts = Arc::new(AtomicU32::new(0));
         let connect = refused(attempts.clone());
-        let lazy = Lazy::launch(
-            connect,
-            TEST_SHAPE,
-            Arc::new(Scripts::new()),
-            Duration::from_secs(2),
-            Arc::new(ServerClock::new()),
-            "test",
-        )
-        .await;
+        let lazy = Lazy::launch(connect, TEST_SHAPE, &test_common(), None, "test").await;
         assert!(lazy.get().is_none());
         tokio::time::sleep(Duration::from_secs(5)).await;
         // At 0 (launch), 0, 50, 150, 350 and 750 ms, then every 500 ms to

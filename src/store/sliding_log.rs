@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::log::Log;
 use super::{constraining, Adjustment, Decision, WindowState};
-use crate::rules::{Window, MAX_LOG_LIMIT, MAX_WINDOWS};
+use crate::rules::{Window, MAX_WINDOWS};
 
 /// Decides on a request of `cost` at `now` against `windows` (shortest
 /// first), trims entries older than the longest window, and records the
@@ -24,31 +24,10 @@ pub(crate) fn check(
     now: u64,
     record: bool,
 ) -> Decision {
-    if cost > MAX_LOG_LIMIT {
-        return beyond_any_log(log, windows, now);
-    }
     if let [window] = windows {
         return check_one(log, *window, cost, now, record);
     }
     check_many(log, windows, cost, now, record)
-}
-
-/// A check whose cost is more than a log may take at once: refused without
-/// looking further (as a cost above its limit is), whatever its windows
-/// (rules never allow a sliding log such a limit, [`MAX_LOG_LIMIT`]; a
-/// check built by hand might, and would otherwise write that many entries
-/// at once).
-#[cold]
-#[inline(never)]
-fn beyond_any_log(log: &mut Log, windows: &[Window], now: u64) -> Decision {
-    let counts = check_many(log, windows, 0, now, false);
-    let longest = windows.last().map_or(0, Window::micros);
-    Decision::new(
-        false,
-        Some(Duration::from_micros(longest)),
-        counts.reset_after(),
-        counts.windows().iter().copied(),
-    )
 }
 
 /// [`check`] for any number of windows. (Out of line: the one-window
@@ -226,18 +205,21 @@ fn push_among(log: &mut Log, now: u64, cost: u32) {
 mod tests {
     use super::*;
 
-    /// A check built by hand with a cost above what a log may take (and a
-    /// limit no rule allows) is refused at once, writing nothing: it used
-    /// to allocate an entry per unit of cost, gigabytes for a large one.
+    use crate::rules::MAX_LOG_LIMIT;
+
+    /// A cost above any window's limit (a window allows at most
+    /// `MAX_LOG_LIMIT`, which the stores enforce) is refused without
+    /// writing an entry, and waits the whole window: however large, it
+    /// costs no memory (an entry per unit would be gigabytes).
     #[test]
-    fn a_cost_beyond_any_log_is_refused_without_writing() {
-        let day = Window::new(Duration::from_secs(86_400), 1_000_000_000).unwrap();
+    fn a_cost_above_the_limit_is_refused_without_writing() {
+        let day = Window::new(Duration::from_secs(86_400), MAX_LOG_LIMIT).unwrap();
         let mut log = Log::default();
         assert!(check(&mut log, &[day], 3, 1_000, true).allowed());
         let d = check(&mut log, &[day], 600_000_000, 2_000, true);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Some(day.duration()));
-        assert_eq!(d.windows()[0].remaining, 1_000_000_000 - 3);
+        assert_eq!(d.windows()[0].remaining, MAX_LOG_LIMIT - 3);
         assert_eq!(log.len(), 3);
     }
 
