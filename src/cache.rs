@@ -99,7 +99,10 @@ impl DenialCache {
 
     /// Remembers that `budget` is denied for requests of `cost` under
     /// `policy` until `now + decision.retry_after()`, or until its
-    /// constraining window frees a slot if that is sooner.
+    /// constraining window frees a slot if that is sooner. A tie (two
+    /// windows with as few left) is not remembered: the headers report the
+    /// longer, and the shorter frees a slot at a time the decision does
+    /// not tell, after which a replay would show it spent still.
     pub(crate) fn insert(
         &self,
         budget: &str,
@@ -111,11 +114,20 @@ impl DenialCache {
         let Some(retry) = decision.retry_after().filter(|w| !w.is_zero()) else {
             return;
         };
+        let fewest = decision.constraining().map(|w| w.remaining);
+        if decision
+            .windows()
+            .iter()
+            .filter(|w| Some(w.remaining) == fewest)
+            .nth(1)
+            .is_some()
+        {
+            return;
+        }
         // Replayed, the decision's windows are as the store saw them, so it
         // is kept no longer than they hold: until its constraining window
         // (the one its headers report) frees a slot, if that comes before
-        // the retry (a tie at 0 remaining, the shorter window not the one
-        // that denies).
+        // the retry (a request that needs more than one slot).
         let reset = decision.reset_after();
         let wait = if reset.is_zero() {
             retry
@@ -204,13 +216,12 @@ mod tests {
     fn a_denial_is_kept_only_while_its_constraining_window_holds() {
         use crate::store::WindowState;
         use crate::Window;
-        // 1 a 500 ms window, 2 a 2 s one, both spent: the headers report the
-        // shorter window, which frees a slot in 500 ms; the request waits
-        // 1.4 s for the longer one.
-        let windows = [
-            WindowState::new(Window::new(Duration::from_millis(500), 1).unwrap(), 0),
-            WindowState::new(Window::new(Duration::from_secs(2), 2).unwrap(), 0),
-        ];
+        // A request of cost 2 against a spent window of 2 in 2 s: its first
+        // slot frees in 500 ms, its second (the request's wait) in 1.4 s.
+        let windows = [WindowState::new(
+            Window::new(Duration::from_secs(2), 2).unwrap(),
+            0,
+        )];
         let decision = Decision::new(
             false,
             Some(Duration::from_millis(1_400)),
@@ -218,15 +229,48 @@ mod tests {
             windows,
         );
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 1, 0, &decision);
-        let hit = cache.get("b", 0, 1, 499_999).unwrap();
+        cache.insert("b", 0, 2, 0, &decision);
+        let hit = cache.get("b", 0, 2, 499_999).unwrap();
         assert_eq!(hit.reset_after(), Duration::from_micros(1));
         assert_eq!(hit.retry_after(), Some(Duration::from_micros(900_001)));
         // Past it, the replay would report a window that has moved on.
-        assert!(cache.get("b", 0, 1, 500_000).is_none());
+        assert!(cache.get("b", 0, 2, 500_000).is_none());
         // A decision whose reset is no sooner than its wait keeps the wait.
         cache.insert("c", 0, 1, 0, &denied(10));
         assert!(cache.get("c", 0, 1, 9_999).is_some());
+    }
+
+    #[test]
+    fn a_tie_is_not_kept() {
+        use crate::store::WindowState;
+        use crate::Window;
+        // A second's window and a minute's, both spent: the headers report
+        // the minute; the second frees a slot within 500 ms, at a time the
+        // decision does not tell.
+        let tied = Decision::new(
+            false,
+            Some(Duration::from_secs(59)),
+            Duration::from_secs(59),
+            [
+                WindowState::new(Window::new(Duration::from_secs(1), 1).unwrap(), 0),
+                WindowState::new(Window::new(Duration::from_secs(60), 3).unwrap(), 0),
+            ],
+        );
+        let cache = DenialCache::new(100);
+        cache.insert("b", 0, 1, 0, &tied);
+        assert!(cache.get("b", 0, 1, 1).is_none());
+        // Once the second has a slot again, the minute alone denies.
+        let alone = Decision::new(
+            false,
+            Some(Duration::from_secs(58)),
+            Duration::from_secs(58),
+            [
+                WindowState::new(Window::new(Duration::from_secs(1), 1).unwrap(), 1),
+                WindowState::new(Window::new(Duration::from_secs(60), 3).unwrap(), 0),
+            ],
+        );
+        cache.insert("b", 0, 1, 0, &alone);
+        assert!(cache.get("b", 0, 1, 57_999_999).is_some());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! How a [`Decision`] becomes response headers and denial responses.
 //!
 //! Every limited response carries, for the *constraining* window (the one
-//! with the fewest requests remaining; ties go to the user's own window
-//! before a route-wide one, then to the shorter):
+//! with the fewest requests remaining; ties go to the longer window, and to
+//! a route-wide one before the user's own: the window that holds a client
+//! back longer):
 //!
 //! | header | value |
 //! |---|---|

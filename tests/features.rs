@@ -108,9 +108,9 @@ async fn shadow_mode_never_denies_but_reports() {
 }
 
 /// On a 429, `X-RateLimit-Reset` (and the IETF `t`) is never sooner than
-/// `Retry-After`: with two windows both spent, the one that frees first
-/// (the shorter, which the tie picks) is not the one that lets the request
-/// through, and a client retrying at its reset would be denied again.
+/// `Retry-After`, and with two windows both spent the headers describe the
+/// longer one, which holds the client back: the shorter frees first, and a
+/// client retrying at its reset would be denied again.
 #[tokio::test]
 async fn a_denial_never_resets_before_its_retry() {
     let app = App::with(
@@ -119,14 +119,18 @@ async fn a_denial_never_resets_before_its_retry() {
         |l| l.headers(HeaderMode::Both),
     );
     let first = app.get("/a", "u").await;
-    assert_eq!(first.number("x-ratelimit-reset"), 1);
+    assert_eq!(first.number("x-ratelimit-reset"), 60);
+    assert_eq!(
+        first.header("ratelimit"),
+        Some(r#""1s";r=0, "60s";r=0;t=60"#)
+    );
     let denied = app.get("/a", "u").await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.number("retry-after"), 60);
     assert_eq!(denied.number("x-ratelimit-reset"), 60);
     assert_eq!(
         denied.header("ratelimit"),
-        Some(r#""1s";r=0;t=60, "60s";r=0"#)
+        Some(r#""1s";r=0, "60s";r=0;t=60"#)
     );
     app.advance_ms(59_999);
     assert_eq!(
@@ -555,8 +559,9 @@ async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
 }
 
 /// A cached denial's headers are the store's own: replayed only while the
-/// window they report still holds (here, two spent windows, the shorter
-/// one reported, freeing a slot long before the request may pass).
+/// windows they report still hold (here, two spent windows, the longer
+/// one reported, while the shorter frees a slot long before the request
+/// may pass: not cached until the longer alone denies).
 #[tokio::test]
 async fn a_cached_denial_reports_what_the_store_would() {
     let rules = || {
@@ -589,10 +594,11 @@ async fn a_cached_denial_reports_what_the_store_would() {
             assert_eq!(a.header(name), b.header(name), "{name} at +{step_ms} ms");
         }
     }
-    // (Denials at 0.6, 0.9, 1.2 and 1.4 s: those at 0.9 and 1.4 s were
-    // answered from the cache, the one at 1.2 s by the store, the first
-    // denial's shorter window having freed a slot at 1.1 s.)
-    assert_eq!(store.calls(), 5);
+    // (Denials at 0.6, 0.9, 1.2 and 1.4 s: those at 0.6 and 0.9 s, both
+    // windows spent, by the store; the one at 1.2 s, the shorter window
+    // having freed a slot at 1.1 s, by the store, and the one at 1.4 s
+    // from the cache.)
+    assert_eq!(store.calls(), 6);
 }
 
 #[tokio::test]

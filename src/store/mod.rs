@@ -460,7 +460,7 @@ impl Decision {
     /// Joins the decisions on a user's budget and on its route's budget
     /// (a check with a [`global`](Check::global) part): allowed only if
     /// both are; the longest wait; the user's windows, then the route's;
-    /// the constraining window of the two (the user's on ties). A store
+    /// the constraining window of the two (the route's on ties). A store
     /// decides both first without recording, and records in both only if
     /// both allow.
     ///
@@ -488,7 +488,7 @@ impl Decision {
                 .min()
                 .unwrap_or(u32::MAX)
         };
-        let reset = if min(&user) <= min(&global) {
+        let reset = if min(&user) < min(&global) {
             user.reset_after
         } else {
             global.reset_after
@@ -548,9 +548,10 @@ impl Decision {
         self.windows.as_slice()
     }
 
-    /// The window with the fewest requests remaining (ties: the first in
+    /// The window with the fewest requests remaining (ties: the last in
     /// [`windows`](Self::windows)' order, the user's before the route's,
-    /// each shortest first): the one the `X-RateLimit-*` headers describe.
+    /// each shortest first, so the longer window, which holds a client
+    /// back longer): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
         self.constraining_index()
             .and_then(|i| self.windows().get(i))
@@ -563,13 +564,13 @@ impl Decision {
     }
 }
 
-/// The index of the window with the fewest remaining; ties go to the first
-/// (windows are shortest first).
+/// The index of the window with the fewest remaining; ties go to the last
+/// (windows are shortest first, so the longer).
 pub(crate) fn constraining(remaining: impl IntoIterator<Item = u32>) -> Option<usize> {
     remaining
         .into_iter()
         .enumerate()
-        .reduce(|best, w| if w.1 < best.1 { w } else { best })
+        .reduce(|best, w| if w.1 <= best.1 { w } else { best })
         .map(|(i, _)| i)
 }
 

@@ -19,6 +19,8 @@ macro_rules! conformance_suite {
             custom_windows_are_exact,
             all_or_nothing_across_windows,
             headers_describe_the_constraining_window,
+            a_tie_describes_the_window_that_holds_the_client_back,
+            every_algorithm_breaks_a_tie_for_the_longer_window,
             groups_pick_their_rule,
             routes_fall_through_to_a_rule_for_the_group,
             methods_have_their_own_budgets,
@@ -207,15 +209,68 @@ pub async fn headers_describe_the_constraining_window<St: Store>(
         .build()
         .unwrap();
     let app = App::new(rules, store.await);
-    // Both windows have 4 left: the shorter one is described.
+    // Both windows have 4 left: the longer one is described.
     let tie = app.get("/tie", "u").await;
     assert_eq!(tie.number("x-ratelimit-remaining"), 4);
-    assert_eq!(tie.number("x-ratelimit-reset"), 1);
+    assert_eq!(tie.number("x-ratelimit-reset"), 60);
     // The hour window has fewer left than the second window.
     let long = app.get("/long", "u").await;
     assert_eq!(long.number("x-ratelimit-limit"), 3);
     assert_eq!(long.number("x-ratelimit-remaining"), 2);
     assert_eq!(long.number("x-ratelimit-reset"), 3600);
+}
+
+/// Two windows spent at once with different limits: every header of a
+/// response describes the same window, the minute that holds the client
+/// back, not the second's limit beside the minute's wait.
+pub async fn a_tie_describes_the_window_that_holds_the_client_back<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let app = App::new(
+        one_route("^/a", [Rule::new().second(2).minute(3)]),
+        store.await,
+    );
+    let seen = |r: &super::Reply| {
+        (
+            r.status.as_u16(),
+            r.number("x-ratelimit-limit"),
+            r.number("x-ratelimit-remaining"),
+            r.number("x-ratelimit-reset"),
+        )
+    };
+    assert_eq!(seen(&app.get("/a", "u").await), (200, 2, 1, 1));
+    app.advance_ms(1_100);
+    assert_eq!(seen(&app.get("/a", "u").await), (200, 3, 1, 59));
+    // Both windows spent: the minute's limit and reset, not the second's.
+    assert_eq!(seen(&app.get("/a", "u").await), (200, 3, 0, 59));
+    let denied = app.get("/a", "u").await;
+    assert_eq!(seen(&denied), (429, 3, 0, 59));
+    assert_eq!(denied.number("retry-after"), 59);
+    app.advance_ms(1_000);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(seen(&denied), (429, 3, 0, 58));
+    assert_eq!(denied.number("retry-after"), 58);
+}
+
+/// Every algorithm (in the Redis scripts as in the memory store) describes
+/// the longer of two windows with as many left: the second's reset is at
+/// most 1 s, the minute's more.
+pub async fn every_algorithm_breaks_a_tie_for_the_longer_window<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let mut rules = Rules::builder();
+    for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
+        rules = rules.route(
+            format!("^/{i}$"),
+            [Rule::new().second(5).minute(5).algorithm(algorithm)],
+        );
+    }
+    let app = App::new(rules.build().unwrap(), store.await);
+    for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
+        let reply = app.get(&format!("/{i}"), "u").await;
+        assert_eq!(reply.number("x-ratelimit-remaining"), 4, "{algorithm:?}");
+        assert!(reply.number("x-ratelimit-reset") > 1, "{algorithm:?}");
+    }
 }
 
 pub async fn groups_pick_their_rule<St: Store>(store: impl std::future::Future<Output = St>) {
