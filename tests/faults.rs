@@ -616,6 +616,67 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
     assert!(worst < DEADLINE + SLACK, "slowest request {worst:?}");
 }
 
+/// One stall of every Cluster node times out the checks in flight together
+/// (a Cluster client's checks go one call each); they count as one
+/// timeout, not as the three in a row after which the store replaces its
+/// client (a new client on every master, asking each for its scripts).
+#[tokio::test]
+async fn checks_timed_out_by_one_stall_count_as_one_timeout() {
+    use support::redis_server::RedisCluster;
+    let cluster = RedisCluster::start();
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Open,
+        true,
+    )
+    .await;
+    let settled = Instant::now();
+    for i in 0.. {
+        app.get("/x", &format!("warm{i}")).await;
+        if cluster.nodes.iter().all(|n| n.calls("evalsha") > 0) {
+            break;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(10),
+            "the cluster never served"
+        );
+    }
+    let asked = || -> u64 { cluster.nodes.iter().map(|n| n.calls("script|exists")).sum() };
+    let before = asked();
+    for node in &cluster.nodes {
+        assert_eq!(node.cli(&["client", "pause", "400", "all"]), "OK");
+    }
+    let users: Vec<String> = (0..24).map(|i| format!("stalled{i}")).collect();
+    let started = Instant::now();
+    let replies = futures_util::future::join_all(users.iter().map(|u| app.get("/x", u))).await;
+    assert!(started.elapsed() < DEADLINE + SLACK);
+    // (Failing open: the checks timed out, and the requests passed
+    // without headers.)
+    assert!(replies
+        .iter()
+        .all(|r| r.status == StatusCode::OK && r.header("x-ratelimit-remaining").is_none()));
+    for node in &cluster.nodes {
+        // (Answered once the pause is over.)
+        assert_eq!(node.cli(&["ping"]), "PONG");
+    }
+    // A replaced client would have asked every master by now: it began
+    // connecting at the third timeout, and finishes once the pause ends.
+    // (Polled for 1.5 s, at most 150 times.)
+    let after_pause = Instant::now();
+    for i in 0..150 {
+        if after_pause.elapsed() > Duration::from_millis(1500) {
+            break;
+        }
+        assert_eq!(asked(), before, "the store replaced its Cluster client");
+        let reply = app.get("/x", &format!("after{i}")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // (And the old client decides again.)
+    let decided = app.get("/x", "decided").await;
+    assert!(decided.header("x-ratelimit-remaining").is_some());
+}
+
 /// [`app_with`] on `server`'s own connection, failing closed.
 async fn failing_closed_on(server: &RedisServer, batched: bool) -> App {
     app_with(

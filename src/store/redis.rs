@@ -633,7 +633,9 @@ fn suffix(check: &Check) -> &'static str {
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
-/// Consecutive timeouts after which a connection is presumed dead.
+/// Timeouts in a row after which a connection is presumed dead: each of a
+/// call sent after the one before timed out (calls in flight together, that
+/// one stall times out at once, count as one).
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
 /// The server's clock as seen from here: its offset from this process's
@@ -1025,9 +1027,10 @@ where
         .min()
         .unwrap_or(sent_at + deadline);
     let counts = due.saturating_duration_since(sent_at) * 2 >= deadline;
+    let started = sent_at.into_std();
     let timed_out = |lazy: &Arc<Lazy<C>>| {
         if counts {
-            lazy.observe_timeout();
+            lazy.observe_timeout(started);
         }
     };
     let Some(mut conn) = lazy.get() else {
@@ -1043,7 +1046,7 @@ where
             let sent = tokio::time::timeout_at(due, run_one(&lazy, &mut conn, &job.cmd)).await;
             let result = match sent {
                 Ok(result) => {
-                    lazy.observe(&result);
+                    lazy.observe(&result, started);
                     result.map_err(store_error)
                 }
                 Err(_) => {
@@ -1059,7 +1062,7 @@ where
     let sent = tokio::time::timeout_at(due, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
     match sent {
         Ok(Ok((results, health))) => {
-            lazy.observe::<()>(&health.map_or(Ok(()), Err));
+            lazy.observe::<()>(&health.map_or(Ok(()), Err), started);
             let mut results = results.into_iter();
             Answer::each(answers, |reply| {
                 let result = results.next().unwrap_or_else(|| Err(short_reply()));
@@ -1067,7 +1070,7 @@ where
             });
         }
         Ok(Err(error)) => {
-            lazy.observe::<()>(&Err(error.clone()));
+            lazy.observe::<()>(&Err(error.clone()), started);
             Answer::each(answers, |reply| {
                 let _ = reply.send(Err(store_error(error.clone())));
             });
@@ -1468,6 +1471,11 @@ struct Lazy<C> {
     connect: Connect<C>,
     reconnecting: AtomicBool,
     timeouts: AtomicU32,
+    /// When the last timeout counted in `timeouts` was seen (see
+    /// [`Lazy::micros`]; 0: none yet).
+    last_timeout: AtomicU64,
+    /// The origin of `last_timeout`.
+    origin: Instant,
     /// Whether a broken connection is dropped at once (a multiplexed
     /// connection never recovers; the cluster client heals itself).
     drop_when_broken: bool,
@@ -1523,6 +1531,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             connect,
             reconnecting: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
+            last_timeout: AtomicU64::new(0),
+            origin: Instant::now(),
             drop_when_broken: shape.drop_when_broken,
             heals: shape.heals,
             used: AtomicBool::new(false),
@@ -1598,10 +1608,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                     continue;
                 }
                 let Some(mut conn) = this.get() else { continue };
+                let started = Instant::now();
                 let read = this.clock.read(&mut conn);
                 match tokio::time::timeout(ping_timeout, read).await {
-                    Ok(result) => this.observe(&result),
-                    Err(_) => this.observe_timeout(),
+                    Ok(result) => this.observe(&result, started),
+                    Err(_) => this.observe_timeout(started),
                 }
                 // (The reading's own reply marked the connection used.)
                 this.used.store(false, Ordering::Relaxed);
@@ -1722,14 +1733,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                 match tokio::time::timeout(left, retry).await {
                     Ok(result) => result,
                     Err(_) => {
-                        self.observe_timeout();
+                        self.observe_timeout(started);
                         return Err(StoreError::timeout());
                     }
                 }
             }
             result => result,
         };
-        self.observe(&result);
+        self.observe(&result, started);
         result.map_err(store_error)
     }
 
@@ -1744,11 +1755,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         cmd: &redis::Cmd,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
+        let started = Instant::now();
         let call = Box::pin(self.invoke(cmd, deadline));
         match tokio::time::timeout(deadline, call).await {
             Ok(reply) => reply,
             Err(_) => {
-                self.observe_timeout();
+                self.observe_timeout(started);
                 Err(StoreError::timeout())
             }
         }
@@ -1784,7 +1796,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         });
     }
 
-    fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>) {
+    /// Notes what a call sent at `started` got back.
+    fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>, started: Instant) {
         match result {
             Ok(_) => {
                 self.timeouts.store(0, Ordering::Relaxed);
@@ -1792,7 +1805,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             }
             // (redis-rs reports its response timeout as an I/O error: it is
             // checked first, so one slow reply does not drop the connection.)
-            Err(e) if e.is_timeout() => self.observe_timeout(),
+            Err(e) if e.is_timeout() => self.observe_timeout(started),
             Err(e) if broken(e) && !self.heals => self.drop_and_reconnect(),
             // (Not on a Cluster, whose client follows a failover itself.)
             Err(e) if self.drop_when_broken && read_only(e) => self.drop_and_reconnect(),
@@ -1801,12 +1814,33 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     }
 
     /// One slow reply (a fork, a long command of another client) is not a
-    /// broken connection; several in a row are treated as one.
-    fn observe_timeout(self: &Arc<Self>) {
+    /// broken connection; several in a row are treated as one. A timeout
+    /// counts only for a call sent after the last one counted: the calls in
+    /// flight during one stall (a Cluster client's checks go one call each)
+    /// time out together and count once.
+    fn observe_timeout(self: &Arc<Self>, started: Instant) {
+        let now = self.micros(Instant::now());
+        let last = self.last_timeout.load(Ordering::Relaxed);
+        if self.micros(started) < last
+            || self
+                .last_timeout
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
         if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_RECONNECT {
             self.timeouts.store(0, Ordering::Relaxed);
             self.drop_and_reconnect();
         }
+    }
+
+    /// `at` in microseconds since this connection's origin (at least 1, so
+    /// that 0 means no timeout counted yet).
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
     }
 
     /// Stops using the current connection (checks fail at once meanwhile,
