@@ -1300,6 +1300,66 @@ async fn unreachable_redis_at_start_up_is_not_fatal() {
     until_limited(&app, "u", Duration::from_secs(3)).await;
 }
 
+/// A target set up wrongly fails the build, naming the mistake, where a
+/// store that kept retrying would fail every check, by its fail mode, for
+/// good: a Cluster client on a standalone server, a direct connection to a
+/// node of a Cluster of several masters (which answers `MOVED` for the
+/// others' budgets), a master name no sentinel knows, a wrong password.
+/// (An unreachable Redis still is not an error:
+/// `unreachable_redis_at_start_up_is_not_fatal`.)
+#[tokio::test]
+async fn a_target_set_up_wrongly_is_an_error_at_build() {
+    use support::redis_server::{RedisCluster, RedisSentinels};
+    use tower_ratelimit::StoreErrorKind;
+    let standalone = RedisServer::start();
+    let e = RedisStore::builder()
+        .cluster([standalone.url()])
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("cluster support disabled"), "{e}");
+
+    let cluster = RedisCluster::start();
+    for node in &cluster.nodes {
+        let e = RedisStore::builder()
+            .url(node.url())
+            .build()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+        assert!(e.to_string().contains("`cluster(..)`"), "{e}");
+    }
+    // (The Cluster client itself, on the same nodes, is fine.)
+    RedisStore::builder()
+        .cluster(cluster.urls())
+        .build()
+        .await
+        .unwrap();
+
+    let set = RedisSentinels::start();
+    let e = RedisStore::builder()
+        .sentinel([set.sentinel_url()], "nosuchmaster")
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("nosuchmaster"), "{e}");
+
+    let guarded = RedisServer::start();
+    assert_eq!(
+        guarded.cli(&["config", "set", "requirepass", "right"]),
+        "OK"
+    );
+    let wrong = format!("redis://:wrong@127.0.0.1:{}", guarded.port);
+    let e = RedisStore::builder().url(wrong).build().await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let right = format!("redis://:right@127.0.0.1:{}", guarded.port);
+    let store = RedisStore::builder().url(right).build().await.unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert!(app.get("/a", "u").await.limited());
+}
+
 #[tokio::test]
 async fn bad_configuration_is_an_error() {
     let e = RedisStore::builder()

@@ -1546,24 +1546,32 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     /// trying in the background: a store is usable before Redis is, its
     /// checks failing meanwhile. Its upkeep runs in the background too (see
     /// [`maintain`](Self::maintain)), and, with `follow`, the question of
-    /// where the master is (see [`follow`](Self::follow)).
+    /// where the master is (see [`follow`](Self::follow)). A target set up
+    /// wrongly (see [`misconfigured`]) is an error: no retry would mend it,
+    /// and the layer would apply its fail mode for good.
     async fn launch(
         connect: Connect<C>,
         shape: Shape,
         common: &Common,
         follow: Option<Follow>,
         what: &str,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, StoreError> {
         let lazy = Self::new(connect, shape, common, follow);
         if lazy.follow.is_some() {
             lazy.follow();
         }
-        if let Err(error) = lazy.try_connect().await {
-            tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
-            lazy.reconnect();
+        match lazy.try_connect().await {
+            Ok(()) => {}
+            Err(error) if misconfigured(&error) => {
+                return Err(config_error(format!("{what}: {error}")));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
+                lazy.reconnect();
+            }
         }
         lazy.maintain(shape.keepalive.filter(|p| !p.is_zero()), shape.ping_timeout);
-        lazy
+        Ok(lazy)
     }
 
     /// Every tick (a second, or half the keepalive period if shorter):
@@ -1676,6 +1684,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         // server has already, from before or from another replica, are not
         // sent again).
         let prepare = async {
+            if !self.heals {
+                not_a_cluster_node(&mut conn).await?;
+            }
             self.scripts.ensure(&mut conn).await?;
             if !self.deadlines {
                 return Ok(());
@@ -1779,6 +1790,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         let weak = Arc::downgrade(self);
         runtime.spawn(async move {
             let mut backoff = Duration::from_millis(50);
+            let mut told = false;
             loop {
                 let Some(this) = weak.upgrade() else { return };
                 match this.try_connect().await {
@@ -1786,6 +1798,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                         tracing::info!("rate-limit store reconnected to redis");
                         this.reconnecting.store(false, Ordering::Release);
                         return;
+                    }
+                    // (Set up wrongly since the store was built, as a
+                    // password changed on the server: said once, as an
+                    // error, since it will not mend by itself.)
+                    Err(error) if misconfigured(&error) && !told => {
+                        told = true;
+                        tracing::error!(%error, "redis reconnect refused: the store's setup is wrong");
                     }
                     Err(error) => tracing::debug!(%error, "redis reconnect failed"),
                 }
@@ -1851,6 +1870,62 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         }
         self.reconnect();
     }
+}
+
+/// Errors on connecting that no retry mends: the target is set up wrongly.
+/// A Cluster client on a server without cluster support, a direct
+/// connection to a node of a Cluster of several masters (see
+/// [`not_a_cluster_node`]), a master name no sentinel knows, a password
+/// the server refuses.
+fn misconfigured(e: &RedisError) -> bool {
+    if matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed
+            | redis::ErrorKind::MasterNameNotFoundBySentinel
+            | redis::ErrorKind::InvalidClientConfig
+    ) {
+        return true;
+    }
+    let text = e.to_string();
+    ["cluster support disabled", "WRONGPASS", "NOAUTH"]
+        .iter()
+        .any(|sign| text.contains(sign))
+}
+
+/// Refuses a direct connection to a node of a Redis Cluster with more than
+/// one master: it would answer `MOVED` for every budget whose slot another
+/// master serves (those checks failing for good, by the fail mode). A
+/// server that does not answer `INFO` or `CLUSTER INFO` (a proxy) is let be.
+async fn not_a_cluster_node<C: ConnectionLike>(conn: &mut C) -> Result<(), RedisError> {
+    let answer = |reply: RedisResult<String>| match reply {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if broken(&e) || e.is_timeout() => Err(e),
+        Err(_) => Ok(None),
+    };
+    let info = answer(redis::cmd("INFO").arg("cluster").query_async(conn).await)?;
+    if !info.is_some_and(|text| text.contains("cluster_enabled:1")) {
+        return Ok(());
+    }
+    let Some(text) = answer(redis::cmd("CLUSTER").arg("INFO").query_async(conn).await)? else {
+        return Ok(());
+    };
+    let masters = text
+        .lines()
+        .find_map(|line| line.strip_prefix("cluster_size:"))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if masters > 1 {
+        return Err(RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a direct connection to a node of a Redis Cluster",
+            format!(
+                "the server is one of {masters} masters of a Cluster, and would answer MOVED \
+                 for the budgets the others serve: build the store with `cluster(..)` \
+                 (or `cluster_pool(..)`)"
+            ),
+        )));
+    }
+    Ok(())
 }
 
 /// Errors after which a connection cannot be trusted any more.
@@ -2669,10 +2744,16 @@ impl RedisStoreBuilder {
 
     /// Builds the store and loads the script.
     ///
-    /// Fails only on configuration errors (no target, an invalid URL, a
-    /// prefix with braces). A Redis that cannot be reached yet is not an
-    /// error: the store logs a warning, keeps connecting in the background,
-    /// and until then every check fails, so the layer's fail mode applies.
+    /// Fails only on configuration errors ([`StoreErrorKind::Config`]): no
+    /// target, an invalid URL, a prefix with braces; and a target that
+    /// answers but is set up otherwise than the store was, which no retry
+    /// would mend: `cluster(..)` on a server without cluster support,
+    /// `url(..)` or `pool(..)` on a node of a Cluster of several masters
+    /// (which would answer `MOVED` for the others' budgets), a master name
+    /// no sentinel knows, a password the server refuses. A Redis that
+    /// cannot be reached yet is not an error: the store logs a warning,
+    /// keeps connecting in the background, and until then every check
+    /// fails, so the layer's fail mode applies.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         if self.prefix.contains(['{', '}']) {
             return Err(config_error("the key prefix must not contain `{` or `}`"));
@@ -2725,7 +2806,7 @@ impl RedisStoreBuilder {
                             .await
                     })
                 });
-                Backend::Direct(Lazy::launch(connect, direct, &common, None, "redis").await)
+                Backend::Direct(Lazy::launch(connect, direct, &common, None, "redis").await?)
             }
             Some(Target::Sentinel {
                 sentinels,
@@ -2800,7 +2881,7 @@ impl RedisStoreBuilder {
                             })
                     })
                 });
-                Backend::Direct(Lazy::launch(connect, direct, &common, Some(follow), &what).await)
+                Backend::Direct(Lazy::launch(connect, direct, &common, Some(follow), &what).await?)
             }
             Some(Target::Cluster(urls)) => {
                 let client =
@@ -2827,7 +2908,7 @@ impl RedisStoreBuilder {
                     })
                 });
                 Backend::Cluster(
-                    Lazy::launch(connect, cluster, &common, None, "redis cluster").await,
+                    Lazy::launch(connect, cluster, &common, None, "redis cluster").await?,
                 )
             }
             // (A pool's connections multiplex: the store keeps one checked
@@ -2841,7 +2922,7 @@ impl RedisStoreBuilder {
                     Box::pin(async move { pool.get().await })
                 };
                 let connect = checkout(get, connect_timeout);
-                Backend::Pool(Lazy::launch(connect, direct, &common, None, "redis (pool)").await)
+                Backend::Pool(Lazy::launch(connect, direct, &common, None, "redis (pool)").await?)
             }
             Some(Target::ClusterPool(pool)) => {
                 let get = move || -> BoxFuture<_> {
@@ -2850,7 +2931,9 @@ impl RedisStoreBuilder {
                 };
                 let connect = checkout(get, connect_timeout);
                 let what = "redis cluster (pool)";
-                Backend::ClusterPool(Lazy::launch(connect, cluster_pool, &common, None, what).await)
+                Backend::ClusterPool(
+                    Lazy::launch(connect, cluster_pool, &common, None, what).await?,
+                )
             }
         };
         let batcher = match &backend {
@@ -2938,7 +3021,9 @@ mod tests {
     async fn the_reconnect_loop_ends_with_the_store() {
         let attempts = Arc::new(AtomicU32::new(0));
         let connect = refused(attempts.clone());
-        let lazy = Lazy::launch(connect, TEST_SHAPE, &test_common(), None, "test").await;
+        let lazy = Lazy::launch(connect, TEST_SHAPE, &test_common(), None, "test")
+            .await
+            .unwrap();
         assert!(lazy.get().is_none());
         tokio::time::sleep(Duration::from_secs(5)).await;
         // At 0 (launch), 0, 50, 150, 350 and 750 ms, then every 500 ms to
