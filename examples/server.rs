@@ -16,7 +16,19 @@
 //!
 //! A request with an `x-demo-status: NNN` header is answered with that
 //! status, to try `--penalty` and `--refund` (penalties and refunds by the
-//! response's status, `RateLimitLayer::adjust_on_response`).
+//! response's status, `RateLimitLayer::adjust_on_response`). NNN may be
+//! any status from 200 to 599 but 204, 205 and 304 (whose responses have
+//! no body, where the demo's has one; nor a 1xx, which is no final
+//! answer); any other value of the header is answered `400` with a short
+//! text saying so.
+//!
+//! `--fail-mode` and `--timeout-ms` apply to a Redis store only: given
+//! without `--redis`, `--redis-cluster` or `--redis-sentinel`, they are an
+//! error (the memory store answers at once and never fails).
+//!
+//! Logs, including what the server says at start-up (the built-in table,
+//! the store, the address) and on each reload, go to stderr; `RUST_LOG`
+//! sets their filter.
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
@@ -40,7 +52,7 @@ use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{
     Adjustment, Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules,
-    Store,
+    Store, StoreError, StoreErrorKind,
 };
 
 /// The table used without `--config`.
@@ -60,11 +72,35 @@ path = "^/multiple"
 rules = [{ second = 5, minute = 100, hour = 1000 }]
 "#;
 
+/// What a `--redis` URL may be (`redis::Client::open`; this build of the
+/// redis crate has no TLS).
+const REDIS_URLS: &str = "expected redis://HOST[:PORT][/DB] (valkey:// too) or a Unix socket, \
+     unix:///PATH or redis+unix:///PATH; rediss:// (TLS) is not supported: \
+     the crate's redis dependency is built without TLS";
+
+/// What a `--redis-cluster` seed node may be (redis-rs' cluster client
+/// takes no Unix socket: a Cluster names its nodes by IP and port).
+const CLUSTER_URLS: &str = "expected comma-separated redis://HOST:PORT (valkey:// too); \
+     not a Unix socket (a Cluster names its nodes by IP and port), nor rediss:// (TLS), \
+     which the crate's redis dependency is built without";
+
+/// What a `--redis-sentinel` URL may be.
+const SENTINEL_URLS: &str = "expected comma-separated redis://HOST[:PORT] (valkey:// too) or \
+     unix:///PATH sentinel addresses; rediss:// (TLS) is not supported: the crate's \
+     redis dependency is built without TLS";
+
+/// The longest `--timeout-ms`: a deadline is there to bound a stalled
+/// store's wait.
+const MAX_TIMEOUT_MS: u64 = 60_000;
+
 /// The demo server's command line.
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
+#[command(group(clap::ArgGroup::new("redis_store")
+    .args(["redis", "redis_cluster", "redis_sentinel"])
+    .multiple(false)))]
 pub struct Args {
-    /// A TOML rule table (default: a built-in demo table, printed at start-up).
+    /// A TOML rule table (default: a built-in demo table, logged at start-up).
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
     /// Address to listen on.
@@ -89,13 +125,14 @@ pub struct Args {
         requires = "redis_sentinel"
     )]
     sentinel_master: String,
-    /// What to do when the store fails (fallback: limit in memory until the
-    /// store answers again).
-    #[arg(long, value_enum, default_value_t = Mode::Open)]
+    /// What to do when the Redis store fails (fallback: limit in memory
+    /// until it answers again). Redis only: the memory store never fails.
+    #[arg(long, value_enum, default_value_t = Mode::Open, requires = "redis_store")]
     fail_mode: Mode,
-    /// Deadline of one store call, in milliseconds (Redis only).
-    #[arg(long, value_name = "N", default_value_t = 50,
-          value_parser = clap::value_parser!(u64).range(1..))]
+    /// Deadline of one Redis call, in milliseconds (1 to 60000; Redis
+    /// only).
+    #[arg(long, value_name = "N", default_value_t = 50, requires = "redis_store",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS))]
     timeout_ms: u64,
     /// Trust X-Forwarded-For from proxies in this network (repeatable; CIDR
     /// or address). Without it, the peer address is the client.
@@ -212,17 +249,79 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         }
         _ => e.to_string(),
     })?;
-    let text = match &args.config {
-        Some(path) => tokio::fs::read_to_string(path)
-            .await
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+    // (The text loaded is what a reload compares the file with.)
+    let (config, loaded) = match &args.config {
+        Some(path) => {
+            let text = tokio::fs::read_to_string(path)
+                .await
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            // (Named as a reload's error names it.)
+            let config =
+                Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            (config, Some(text))
+        }
         None => {
-            println!("No --config given; using the built-in demo table:\n\n{DEMO}");
-            DEMO.to_owned()
+            tracing::info!("no --config given; using the built-in demo table:\n\n{DEMO}");
+            (Config::from_toml(DEMO)?, None)
         }
     };
-    let config = Config::from_toml(&text)?;
-    // (Valid, but most likely not what was meant.)
+    warn_about(&config);
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mode = match args.fail_mode {
+        Mode::Open => FailMode::Open,
+        Mode::Closed => FailMode::Closed,
+        Mode::Fallback => FailMode::Fallback,
+    };
+    if let Some(url) = &args.redis {
+        let store = RedisStore::builder()
+            .url(url)
+            .timeout(timeout)
+            .build()
+            .await
+            .map_err(|e| bad_url("--redis", url, e, REDIS_URLS))?;
+        tracing::info!("store: redis {url}");
+        serve(&args, config, loaded, store, mode, proxies).await
+    } else if let Some(urls) = &args.redis_sentinel {
+        let store = RedisStore::builder()
+            .sentinel(urls.clone(), args.sentinel_master.clone())
+            .timeout(timeout)
+            .build()
+            .await
+            .map_err(|e| bad_url("--redis-sentinel", &urls.join(","), e, SENTINEL_URLS))?;
+        tracing::info!(
+            "store: redis master `{}` through sentinels {}",
+            args.sentinel_master,
+            urls.join(",")
+        );
+        serve(&args, config, loaded, store, mode, proxies).await
+    } else if let Some(urls) = &args.redis_cluster {
+        let store = RedisStore::builder()
+            .cluster(urls.clone())
+            .timeout(timeout)
+            .build()
+            .await
+            .map_err(|e| bad_url("--redis-cluster", &urls.join(","), e, CLUSTER_URLS))?;
+        tracing::info!("store: redis cluster {}", urls.join(","));
+        serve(&args, config, loaded, store, mode, proxies).await
+    } else {
+        tracing::info!("store: memory");
+        serve(&args, config, loaded, MemoryStore::new(), mode, proxies).await
+    }
+}
+
+/// The error of a Redis flag whose URL the store refused: the flag, the
+/// store's reason, and the URLs it takes. (A store that cannot connect is
+/// no error: it keeps trying in the background.)
+fn bad_url(flag: &str, url: &str, error: StoreError, expected: &str) -> Box<dyn std::error::Error> {
+    match error.kind() {
+        StoreErrorKind::Config => format!("{flag} {url}: {error}; {expected}").into(),
+        _ => error.into(),
+    }
+}
+
+/// Warns about a rule table that is valid but most likely not what was
+/// meant: at start-up, and after each reload.
+fn warn_about(config: &Config) {
     if config.rules().is_empty() {
         tracing::warn!("the configuration has no routes: no request is limited");
     }
@@ -236,49 +335,17 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             "no rule names group `{group}`, which [groups] gives {keys} key(s): their users are never limited"
         );
     }
-    let timeout = Duration::from_millis(args.timeout_ms);
-    let mode = match args.fail_mode {
-        Mode::Open => FailMode::Open,
-        Mode::Closed => FailMode::Closed,
-        Mode::Fallback => FailMode::Fallback,
-    };
-    if let Some(url) = &args.redis {
-        let store = RedisStore::builder()
-            .url(url)
-            .timeout(timeout)
-            .build()
-            .await?;
-        println!("store: redis {url}");
-        serve(&args, config, store, mode, proxies).await
-    } else if let Some(urls) = &args.redis_sentinel {
-        let store = RedisStore::builder()
-            .sentinel(urls.clone(), args.sentinel_master.clone())
-            .timeout(timeout)
-            .build()
-            .await?;
-        println!(
-            "store: redis master `{}` through sentinels {}",
-            args.sentinel_master,
-            urls.join(",")
-        );
-        serve(&args, config, store, mode, proxies).await
-    } else if let Some(urls) = &args.redis_cluster {
-        let store = RedisStore::builder()
-            .cluster(urls.clone())
-            .timeout(timeout)
-            .build()
-            .await?;
-        println!("store: redis cluster {}", urls.join(","));
-        serve(&args, config, store, mode, proxies).await
-    } else {
-        println!("store: memory");
-        serve(&args, config, MemoryStore::new(), mode, proxies).await
-    }
+}
+
+/// `1 route`, `2 routes`.
+fn routes(n: usize) -> String {
+    format!("{n} route{}", if n == 1 { "" } else { "s" })
 }
 
 async fn serve<St: Store>(
     args: &Args,
     config: Config,
+    loaded: Option<String>,
     store: St,
     mode: FailMode,
     proxies: ForwardedIp,
@@ -290,7 +357,7 @@ async fn serve<St: Store>(
         proxies
     });
     let rules = ReloadableRules::new(config.rules().clone());
-    let reloads = reloads(args, rules.clone(), groups.clone());
+    let reloads = reloads(args, loaded, rules.clone(), groups.clone());
     let mut layer = RateLimitLayer::new(rules, store).fail_mode(mode);
     let adjustments: Vec<(Status, Adjustment)> = (args.penalties.iter())
         .map(|&(status, n)| (status, Adjustment::Penalty(n)))
@@ -307,8 +374,8 @@ async fn serve<St: Store>(
                 Status::Class(class) => format!("{class}xx"),
             };
             match adjustment {
-                Adjustment::Penalty(n) => println!("a {status} answer spends {n} more"),
-                Adjustment::Refund(n) => println!("a {status} answer gives {n} back"),
+                Adjustment::Penalty(n) => tracing::info!("a {status} answer spends {n} more"),
+                Adjustment::Refund(n) => tracing::info!("a {status} answer gives {n} back"),
                 _ => {}
             }
         }
@@ -324,11 +391,11 @@ async fn serve<St: Store>(
     let app = Router::new()
         .fallback(|uri: http::Uri, headers: http::HeaderMap| async move {
             // (`x-demo-status: 401` answers 401, to try --penalty.)
-            let status = headers
-                .get("x-demo-status")
-                .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
-                .and_then(|code| http::StatusCode::from_u16(code).ok())
-                .unwrap_or(http::StatusCode::OK);
+            let status = match headers.get("x-demo-status").map(demo_status) {
+                None => http::StatusCode::OK,
+                Some(Some(status)) => status,
+                Some(None) => return (http::StatusCode::BAD_REQUEST, BAD_DEMO_STATUS.to_owned()),
+            };
             let word = if status.is_success() {
                 "ok"
             } else {
@@ -341,7 +408,7 @@ async fn serve<St: Store>(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
-    println!("listening on http://{addr}");
+    tracing::info!("listening on http://{addr}");
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
@@ -359,13 +426,15 @@ async fn serve<St: Store>(
     ))
 }
 
-/// Loads `--config` again on SIGHUP, and whenever its text changes (looked
-/// at every `--reload-check-ms`): the new routes, rules and `[groups]` apply
+/// Loads `--config` again on SIGHUP, and whenever its text changes from
+/// `loaded` (the text loaded at start-up; looked at every
+/// `--reload-check-ms`): the new routes, rules and `[groups]` apply
 /// to the next requests, and budgets carry over where their keys do. A file
 /// that does not load is reported, and the running table kept. (Never ends;
 /// without `--config`, does nothing.)
 fn reloads(
     args: &Args,
+    loaded: Option<String>,
     rules: ReloadableRules,
     groups: Arc<arc_swap::ArcSwap<BTreeMap<String, String>>>,
 ) -> impl Future<Output = ()> + Send + 'static {
@@ -385,7 +454,9 @@ fn reloads(
         let Some(path) = path else {
             return std::future::pending().await;
         };
-        let mut last = tokio::fs::read_to_string(&path).await.ok();
+        // (Not read again here: a change made between start-up and this
+        // task's first run is a change.)
+        let mut last = loaded;
         // A changed text is loaded once two looks in a row read it: a file
         // being written (truncated, then filled) is not taken half-way.
         let mut seen: Option<String> = None;
@@ -423,16 +494,33 @@ fn reloads(
                     // new groups with the old rules.)
                     groups.store(Arc::new(config.groups().clone()));
                     rules.set(config.rules().clone());
-                    println!(
-                        "reloaded {}: {} routes",
+                    tracing::info!(
+                        "reloaded {}: {}",
                         path.display(),
-                        config.rules().len()
+                        routes(config.rules().len())
                     );
+                    warn_about(&config);
                 }
                 Err(e) => tracing::warn!("{}: {e}; keeping the running table", path.display()),
             }
             last = Some(text);
         }
+    }
+}
+
+/// The answer to an `x-demo-status` that [`demo_status`] refuses.
+const BAD_DEMO_STATUS: &str =
+    "x-demo-status must be a status from 200 to 599, but not 204, 205 or 304\n";
+
+/// The status an `x-demo-status` header asks for: 200 to 599, but not
+/// 204, 205 or 304, whose responses have no body (the demo's has one), nor
+/// a 1xx, which is not a final answer; `None` for any other value.
+fn demo_status(value: &http::HeaderValue) -> Option<http::StatusCode> {
+    let code: u16 = value.to_str().ok()?.trim().parse().ok()?;
+    match code {
+        204 | 205 | 304 => None,
+        200..=599 => http::StatusCode::from_u16(code).ok(),
+        _ => None,
     }
 }
 

@@ -146,6 +146,12 @@ async fn the_built_in_table_limits_a_client_and_not_an_admin() {
     let second = get(addr, "/towns", &[]).await;
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(first.body, "ok /towns\n");
+    // As the README's first screen shows it (which leaves out `date` and
+    // `content-length`).
+    assert_eq!(
+        first.header("content-type"),
+        Some("text/plain; charset=utf-8")
+    );
     assert_eq!(first.header("x-ratelimit-limit"), Some("1"));
     assert_eq!(first.header("x-ratelimit-remaining"), Some("0"));
     // (The window is a second long: the second request is denied when it
@@ -411,13 +417,55 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
         "{error}"
     );
 
+    // A file that does not load: named, as a reload's error names it.
     let bad = config_file("[[routes]]\npath = \"^/(a\"\nrules = [{ minute = 2 }]\n");
     let error = start_error(&["--config", bad.path()]).await;
     assert!(error.contains("^/(a"), "{error}");
+    assert!(error.starts_with(&format!("{}: ", bad.path())), "{error}");
 
     let unknown = config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minutes = 2 }]\n");
     let error = start_error(&["--config", unknown.path()]).await;
     assert!(error.contains("minutes"), "{error}");
+    assert!(
+        error.starts_with(&format!("{}: ", unknown.path())),
+        "{error}"
+    );
+
+    // A URL the store does not take: the flag, the URL and the forms it
+    // takes.
+    let error = start_error(&["--redis", "http://127.0.0.1:1"]).await;
+    assert!(error.starts_with("--redis http://127.0.0.1:1: "), "{error}");
+    assert!(error.contains("expected redis://HOST"), "{error}");
+    assert!(error.contains("unix:///PATH"), "{error}");
+    let error = start_error(&["--redis", "rediss://127.0.0.1:1"]).await;
+    assert!(
+        error.starts_with("--redis rediss://127.0.0.1:1: "),
+        "{error}"
+    );
+    assert!(
+        error.contains("rediss:// (TLS) is not supported"),
+        "{error}"
+    );
+    let error = start_error(&["--redis-cluster", "redis://127.0.0.1:1,http://127.0.0.1:2"]).await;
+    assert!(
+        error.starts_with("--redis-cluster redis://127.0.0.1:1,http://127.0.0.1:2: "),
+        "{error}"
+    );
+    assert!(
+        error.contains("expected comma-separated redis://HOST:PORT"),
+        "{error}"
+    );
+    let error = start_error(&["--redis-cluster", "unix:///tmp/redis.sock"]).await;
+    assert!(error.contains("not a Unix socket"), "{error}");
+    let error = start_error(&["--redis-sentinel", "http://127.0.0.1:1"]).await;
+    assert!(
+        error.starts_with("--redis-sentinel http://127.0.0.1:1: "),
+        "{error}"
+    );
+    assert!(
+        error.contains("expected comma-separated redis://HOST"),
+        "{error}"
+    );
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
@@ -430,6 +478,41 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
 
     // Flags clap refuses before the server starts.
     assert!(example::Args::try_parse_from(["server", "--timeout-ms", "0"]).is_err());
+    // --timeout-ms is bounded: 1 to 60000.
+    let redis = ["server", "--redis", "redis://127.0.0.1:1"];
+    for (ms, ok) in [
+        ("1", true),
+        ("60000", true),
+        ("0", false),
+        ("60001", false),
+        ("18446744073709551615", false),
+    ] {
+        let parsed = example::Args::try_parse_from(redis.iter().chain(&["--timeout-ms", ms]));
+        match parsed {
+            Ok(_) => assert!(ok, "--timeout-ms {ms} parsed"),
+            Err(error) => {
+                assert!(!ok, "--timeout-ms {ms}: {error}");
+                assert!(error.to_string().contains("1..=60000"), "{error}");
+            }
+        }
+    }
+    // --fail-mode and --timeout-ms are for a Redis store: without one,
+    // they would do nothing.
+    for flags in [["--fail-mode", "fallback"], ["--timeout-ms", "50"]] {
+        let error = example::Args::try_parse_from(["server"].iter().chain(&flags))
+            .err()
+            .unwrap_or_else(|| panic!("{flags:?} parsed without a Redis flag"));
+        let error = error.to_string();
+        assert!(error.contains("--redis <URL>"), "{flags:?}: {error}");
+        for redis in [
+            ["--redis", "redis://127.0.0.1:1"],
+            ["--redis-cluster", "redis://127.0.0.1:1"],
+            ["--redis-sentinel", "redis://127.0.0.1:1"],
+        ] {
+            let argv = ["server"].iter().chain(&redis).chain(&flags);
+            assert!(example::Args::try_parse_from(argv).is_ok(), "{flags:?}");
+        }
+    }
     assert!(example::Args::try_parse_from(["server", "--fail-mode", "sideways"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--rfc7239"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--sentinel-master", "m"]).is_err());
@@ -493,6 +576,147 @@ async fn penalties_and_refunds_follow_the_response_status() {
         }
         assert_eq!(get(addr, "/a", &key).await.status, 429, "{store:?}");
     }
+}
+
+/// `x-demo-status` asks for a final status with a body: 200 to 599 but
+/// 204, 205 and 304; anything else is a 400 saying so.
+#[tokio::test]
+async fn the_demo_status_header_takes_only_statuses_with_a_body() {
+    let addr = demo(&[]).await;
+    for code in ["200", "201", "401", "404", "503", "599"] {
+        let answer = get(addr, "/elsewhere", &[("x-demo-status", code)]).await;
+        assert_eq!(answer.status.to_string(), code, "{answer:?}");
+    }
+    for bad in [
+        "100", "101", "199", "204", "205", "304", "600", "999", "0", "2000", "ok", "",
+    ] {
+        let answer = get(addr, "/elsewhere", &[("x-demo-status", bad)]).await;
+        assert_eq!(answer.status, 400, "{bad}: {answer:?}");
+        assert_eq!(
+            answer.body,
+            "x-demo-status must be a status from 200 to 599, but not 204, 205 or 304\n",
+            "{bad}"
+        );
+    }
+}
+
+/// The log of one test's thread, which [`capture_logs`] fills.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Waits (at most 5 s) until the log holds `needle`.
+    async fn until(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.text().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "not logged after 5 s: {needle:?}\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+thread_local! {
+    /// Where this thread's log events go (none: nowhere).
+    static THREAD_LOG: std::cell::RefCell<Option<LogBuffer>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A `tracing` writer into the log of the thread that writes.
+struct ThreadLog;
+
+impl std::io::Write for ThreadLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        THREAD_LOG.with(|log| {
+            if let Some(log) = &*log.borrow() {
+                (log.0.lock().unwrap_or_else(|e| e.into_inner())).extend_from_slice(bytes);
+            }
+        });
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// From now on, the log events of this thread (a `#[tokio::test]`'s
+/// runtime, which runs the demo server's tasks too, runs on it alone), at
+/// `info` and up, without times or targets.
+///
+/// (One subscriber, the global one, for the whole test binary: `tracing`
+/// caches each event's interest process-wide, so a subscriber of one
+/// thread's own would miss events that another test, without one, logged
+/// first.)
+fn capture_logs() -> LogBuffer {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .with_writer(|| ThreadLog)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        // (An event first met by another thread while the subscriber was
+        // being set is asked about again.)
+        tracing::callsite::rebuild_interest_cache();
+    });
+    let log = LogBuffer::default();
+    THREAD_LOG.with(|l| *l.borrow_mut() = Some(log.clone()));
+    log
+}
+
+/// What the server says at start-up and on each reload goes to its log
+/// (stderr, in `main`), never to stdout; a reloaded table gets the
+/// start-up warnings too.
+#[tokio::test]
+async fn start_up_and_reloads_are_logged_with_their_warnings() {
+    let log = capture_logs();
+
+    // MINUTE_TABLE, and a key in a group no rule names.
+    let file = config_file(
+        "[groups]\n\"admin-key\" = \"admin\"\n\"lost-key\" = \"lost\"\n\n\
+         [[routes]]\npath = \"^/a\"\nrules = [{ minute = 2 }, { group = \"admin\" }]\n",
+    );
+    let addr = demo(&["--config", file.path(), "--reload-check-ms", "20"]).await;
+    let started = log.text();
+    assert!(started.contains("INFO store: memory\n"), "{started}");
+    assert!(
+        started.contains(&format!("INFO listening on http://{addr}\n")),
+        "{started}"
+    );
+    assert!(
+        started.contains("WARN no rule names group `lost`, which [groups] gives 1 key(s)"),
+        "{started}"
+    );
+    assert!(!started.contains("group `admin`"), "{started}");
+
+    // A table with no routes, and a group no rule names.
+    rewrite(&file, "[groups]\n\"k1\" = \"ghost\"\n\"k2\" = \"ghost\"\n");
+    log.until(&format!("INFO reloaded {}: 0 routes\n", file.path()))
+        .await;
+    log.until("WARN the configuration has no routes: no request is limited\n")
+        .await;
+    log.until("WARN no rule names group `ghost`, which [groups] gives 2 key(s)")
+        .await;
+
+    // One route: "1 route".
+    rewrite(
+        &file,
+        "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 7 }]\n",
+    );
+    until_limit(addr, "7").await;
+    log.until(&format!("INFO reloaded {}: 1 route\n", file.path()))
+        .await;
 }
 
 /// Replaces a config file's text at once (written aside, then renamed
