@@ -66,7 +66,8 @@ pub enum ConfigErrorKind {
     /// the window's length in microseconds).
     LimitForAlgorithm(Algorithm),
     /// A field that can have no effect: a block time on a rule without
-    /// windows, a route-wide limit on a route without limited rules.
+    /// windows, a route-wide limit on a route without limited rules, a
+    /// route without rules.
     NoEffect,
     /// A trusted proxy network is not an address or CIDR block.
     InvalidNetwork(String),
@@ -194,9 +195,16 @@ impl fmt::Display for ConfigError {
                 f,
                 "{algorithm:?} refills at most one request per microsecond, so a window may allow at most as many requests as it is long in microseconds (use a longer window, or the sliding or fixed window)"
             ),
-            ConfigErrorKind::NoEffect => f.write_str(
-                "has no effect here: a block time needs windows on its rule, a route-wide limit a rule with windows on its route",
-            ),
+            ConfigErrorKind::NoEffect => f.write_str(match self.at.field.as_deref() {
+                Some("block_time") => "has no effect here: a block time needs windows on its rule",
+                Some("global") => {
+                    "has no effect here: a route-wide limit needs a rule with windows on its route"
+                }
+                Some("rules") => {
+                    "a route without rules applies to no request (to leave paths alone, list them in `exclude`)"
+                }
+                _ => "has no effect here",
+            }),
             ConfigErrorKind::InvalidNetwork(text) => write!(
                 f,
                 "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8)"

@@ -433,10 +433,25 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
             .chars()
             .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | ','))
             .collect();
-        return Err(format!(
-            "`{}` is not a whole number of units (write `500 ms` for half a second)",
-            number.escape_debug()
-        ));
+        // (The same length in milliseconds, when it is a whole number of
+        // them: `1.5 seconds` is `1500 ms`.)
+        let ms = number
+            .replace(',', ".")
+            .parse::<f64>()
+            .ok()
+            .zip(unit_ms(rest[number.len()..].trim()))
+            .map(|(n, unit)| n * unit as f64)
+            .filter(|ms| *ms >= 1.0 && ms.fract() == 0.0 && *ms < 1e15);
+        return Err(match ms {
+            Some(ms) => format!(
+                "`{}` is not a whole number of units (write `{ms} ms`)",
+                number.escape_debug()
+            ),
+            None => format!(
+                "`{}` is not a whole number of units (write a smaller unit: `500 ms` for half a second)",
+                number.escape_debug()
+            ),
+        });
     }
     let times: u64 = match times {
         "" => 1,
@@ -448,7 +463,21 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
             }
         })?,
     };
-    let unit_ms: u64 = match unit.trim() {
+    let unit = unit.trim();
+    let unit_ms = unit_ms(unit).ok_or_else(|| {
+        format!(
+            "unknown unit `{}` (expected millisecond, second, minute, hour, day, month or year)",
+            unit.escape_debug()
+        )
+    })?;
+    // (Past the longest window: the window's check reports it.)
+    let duration = Duration::from_millis(times.saturating_mul(unit_ms));
+    Ok((duration, limit))
+}
+
+/// A unit of a limit text, in milliseconds.
+fn unit_ms(unit: &str) -> Option<u64> {
+    Some(match unit {
         "ms" | "millisecond" | "milliseconds" => 1,
         "s" | "sec" | "second" | "seconds" => 1_000,
         "min" | "minute" | "minutes" => 60_000,
@@ -456,16 +485,8 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
         "d" | "day" | "days" => 86_400_000,
         "month" | "months" => 30 * 86_400_000,
         "year" | "years" => 365 * 86_400_000,
-        other => {
-            return Err(format!(
-            "unknown unit `{}` (expected millisecond, second, minute, hour, day, month or year)",
-            other.escape_debug()
-        ))
-        }
-    };
-    // (Past the longest window: the window's check reports it.)
-    let duration = Duration::from_millis(times.saturating_mul(unit_ms));
-    Ok((duration, limit))
+        _ => return None,
+    })
 }
 
 /// One route: a path pattern, its rules, and optionally a route-wide limit
@@ -1039,6 +1060,15 @@ impl RulesBuilder {
                     Some(windows)
                 }
             };
+            // (A request on a route with no rule for its group goes on to
+            // the next route: a route without rules matches nothing.)
+            if route.rules.is_empty() {
+                let at = Location {
+                    field: Some("rules".to_owned()),
+                    ..at_route.clone()
+                };
+                return Err(ConfigError::new(at, ConfigErrorKind::NoEffect));
+            }
             let mut compiled: Vec<CompiledRule> = Vec::with_capacity(route.rules.len());
             let mut route_algorithm = None;
             for (i, rule) in route.rules.iter().enumerate() {
@@ -1274,15 +1304,26 @@ fn compile_rule(
         true => &[][..],
         false => route.global.unwrap_or(&[]),
     };
-    let user = windows.iter().map(|w| (w, ""));
-    for (w, whose) in user.chain(route_wide.iter().map(|w| (w, "global "))) {
+    let user = windows.iter().map(|w| (w, false));
+    for (w, global) in user.chain(route_wide.iter().map(|w| (w, true))) {
         let too_many = match rule.algorithm {
             Algorithm::SlidingLog => w.limit() > MAX_LOG_LIMIT,
             Algorithm::TokenBucket => u64::from(w.limit()) > w.micros(),
             Algorithm::SlidingWindow | Algorithm::FixedWindow => false,
         };
         if too_many {
-            let field = format!("{whose}window of {:?}", w.duration());
+            // (The field that wrote the window: `second`, `windows[1]`,
+            // `limits`; the route's own `global` for a route-wide one.)
+            let named = rule
+                .windows
+                .iter()
+                .find(|(_, d, _)| *d == Some(w.duration()))
+                .map(|(name, ..)| name.as_str());
+            let field = match (global, named) {
+                (false, Some(name)) => name.to_owned(),
+                (true, _) => "global".to_owned(),
+                (false, None) => format!("window of {:?}", w.duration()),
+            };
             return Err(fail(
                 Some(&field),
                 ConfigErrorKind::LimitForAlgorithm(rule.algorithm),
@@ -1401,6 +1442,18 @@ impl Config {
                 builder = builder.exclude_method(method);
             }
         }
+        // (An empty key names no one, an empty group no rule.)
+        if let Some((key, _)) = raw
+            .groups
+            .iter()
+            .find(|(key, group)| key.is_empty() || group.is_empty())
+        {
+            let at = Location {
+                field: Some(format!("groups.{key:?}")),
+                ..Location::default()
+            };
+            return Err(ConfigError::new(at, ConfigErrorKind::EmptyName));
+        }
         let mut named = BTreeSet::new();
         for route in raw.routes {
             named.extend(
@@ -1502,11 +1555,11 @@ struct RawRoute {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawWindows {
-    second: Option<i64>,
-    minute: Option<i64>,
-    hour: Option<i64>,
-    day: Option<i64>,
-    month: Option<i64>,
+    second: Option<RawLimit>,
+    minute: Option<RawLimit>,
+    hour: Option<RawLimit>,
+    day: Option<RawLimit>,
+    month: Option<RawLimit>,
     #[serde(default)]
     windows: Vec<RawWindow>,
     limits: Option<String>,
@@ -1522,11 +1575,11 @@ struct RawRule {
     block_time: Option<f64>,
     // The window fields of `RawWindows` (serde's `flatten` cannot be combined
     // with `deny_unknown_fields`).
-    second: Option<i64>,
-    minute: Option<i64>,
-    hour: Option<i64>,
-    day: Option<i64>,
-    month: Option<i64>,
+    second: Option<RawLimit>,
+    minute: Option<RawLimit>,
+    hour: Option<RawLimit>,
+    day: Option<RawLimit>,
+    month: Option<RawLimit>,
     #[serde(default)]
     windows: Vec<RawWindow>,
     limits: Option<String>,
@@ -1537,7 +1590,33 @@ struct RawRule {
 struct RawWindow {
     seconds: Option<u64>,
     millis: Option<u64>,
-    limit: i64,
+    limit: RawLimit,
+}
+
+/// A limit as a configuration file writes it: any integer (a zero or
+/// negative one is reported by the window's check, naming its field);
+/// anything else (`1.5`, `"10"`, a number beyond 64 bits) is an error that
+/// says what a limit is.
+struct RawLimit(i64);
+
+impl<'de> Deserialize<'de> for RawLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawLimit;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a limit: a whole number from 1 to {}", u32::MAX)
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<RawLimit, E> {
+                Ok(RawLimit(n))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawLimit, E> {
+                // (Beyond i64: far beyond any limit, reported as such.)
+                Ok(RawLimit(i64::try_from(n).unwrap_or(i64::MAX)))
+            }
+        }
+        d.deserialize_i64(Visitor)
+    }
 }
 
 impl RawWindows {
@@ -1556,7 +1635,7 @@ impl RawWindows {
             ("month", 30 * 86_400, self.month),
         ];
         for (name, secs, limit) in named {
-            if let Some(limit) = limit {
+            if let Some(RawLimit(limit)) = limit {
                 rule.push_raw(name.to_owned(), Some(Duration::from_secs(secs)), limit);
             }
         }
@@ -1568,7 +1647,7 @@ impl RawWindows {
                 (None, Some(ms)) => Some(Duration::from_millis(ms)),
                 _ => None,
             };
-            rule.push_raw(format!("windows[{i}]"), duration, w.limit);
+            rule.push_raw(format!("windows[{i}]"), duration, w.limit.0);
         }
         if let Some(text) = self.limits {
             rule.add_limits(&text);

@@ -81,7 +81,9 @@ fn unknown_fields_are_rejected_and_named() {
 
 #[test]
 fn invalid_regex_names_the_route() {
-    let err = error("[[routes]]\npath = \"^/ok\"\n[[routes]]\npath = \"^/bad(\"\n");
+    let err = error(
+        "[[routes]]\npath = \"^/ok\"\nrules = [{ second = 1 }]\n[[routes]]\npath = \"^/bad(\"\n",
+    );
     assert!(matches!(err.kind(), ConfigErrorKind::InvalidRegex(_)));
     assert_eq!(err.route(), Some((1, "^/bad(")));
     assert!(err.to_string().contains("route #1 `^/bad(`"), "{err}");
@@ -365,7 +367,7 @@ fn route_wide_limits_need_windows_and_no_zones() {
     );
 
     let err = error(
-        "[[routes]]\npath = \"^/ok\"\n\n[[routes]]\npath = \"^/b\"\nglobal = { second = 20 }\nrules = [{ zone = \"z\", minute = 5 }]\n",
+        "[[routes]]\npath = \"^/ok\"\nrules = [{ second = 1 }]\n\n[[routes]]\npath = \"^/b\"\nglobal = { second = 20 }\nrules = [{ zone = \"z\", minute = 5 }]\n",
     );
     assert!(
         matches!(err.kind(), ConfigErrorKind::ZoneWithGlobal),
@@ -541,7 +543,8 @@ fn limits_beyond_what_the_algorithm_counts_are_rejected() {
     ));
     assert_eq!(err.route(), Some((0, "^/up")));
     assert_eq!(err.rule(), Some((0, "g")));
-    assert_eq!(err.field(), Some("window of 1s"));
+    // (Named as the file wrote it.)
+    assert_eq!(err.field(), Some("second"));
     assert!(err.to_string().contains("token bucket"), "{err}");
     // The largest is fine, and so is the same limit for another algorithm.
     let ok = |rule: Rule| Rules::builder().route("^/up", [rule]).build();
@@ -559,7 +562,10 @@ fn limits_beyond_what_the_algorithm_counts_are_rejected() {
         )
         .build()
         .unwrap_err();
-    assert_eq!(err.field(), Some("global window of 60s"));
+    assert_eq!(err.field(), Some("global"));
+    let err =
+        error("[[routes]]\npath = \"^/up\"\nrules = [{ limits = \"5/second; 1000001/hour\" }]\n");
+    assert_eq!(err.field(), Some("limits[1]"), "{err}");
     // An unlimited group on that route never counts the route-wide budget.
     let built = Rules::builder()
         .add_route(
@@ -603,6 +609,11 @@ fn fields_without_effect_are_rejected() {
     assert!(matches!(err.kind(), ConfigErrorKind::NoEffect));
     assert_eq!(err.field(), Some("block_time"));
     assert_eq!(err.rule(), Some((0, "g")));
+    assert!(
+        err.to_string()
+            .ends_with("has no effect here: a block time needs windows on its rule"),
+        "{err}"
+    );
     let err = Rules::builder()
         .add_route(
             Route::new("^/g")
@@ -614,5 +625,72 @@ fn fields_without_effect_are_rejected() {
     assert!(matches!(err.kind(), ConfigErrorKind::NoEffect));
     assert_eq!(err.route(), Some((0, "^/g")));
     assert_eq!(err.field(), Some("global"));
-    assert!(err.to_string().contains("has no effect"), "{err}");
+    assert!(
+        err.to_string().ends_with(
+            "has no effect here: a route-wide limit needs a rule with windows on its route"
+        ),
+        "{err}"
+    );
+
+    // A route without rules: every request goes on to the next route.
+    for text in [
+        "[[routes]]\npath = \"^/a\"\n",
+        "[[routes]]\npath = \"^/a\"\nrules = []\n",
+    ] {
+        let err = error(text);
+        assert!(matches!(err.kind(), ConfigErrorKind::NoEffect), "{err}");
+        assert_eq!(err.route(), Some((0, "^/a")));
+        assert_eq!(err.field(), Some("rules"));
+        assert!(err.to_string().contains("`exclude`"), "{err}");
+    }
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().second(1)])
+        .route("^/b", [])
+        .build()
+        .unwrap_err();
+    assert_eq!(err.route(), Some((1, "^/b")));
+    assert_eq!(err.field(), Some("rules"));
+}
+
+/// A limit that is not an integer says what a limit is, not a type name.
+#[test]
+fn limits_that_are_not_integers_say_what_a_limit_is() {
+    for limit in ["1.5", "\"10\"", "true", "99999999999999999999"] {
+        let err = error(&format!(
+            "[[routes]]\npath = \"^/a\"\nrules = [{{ second = {limit} }}]\n"
+        ));
+        assert!(
+            err.to_string()
+                .contains("a limit: a whole number from 1 to 4294967295"),
+            "{limit}: {err}"
+        );
+    }
+    let err = error(
+        "[[routes]]\npath = \"^/a\"\nrules = [{ windows = [{ seconds = 5, limit = 2.5 }] }]\n",
+    );
+    assert!(err.to_string().contains("a whole number from 1"), "{err}");
+    // A fractional length in a limit text gets the same in milliseconds.
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ limits = \"5/1.5 seconds\" }]\n");
+    assert!(err.to_string().contains("write `1500 ms`"), "{err}");
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ limits = \"5/0.5 minute\" }]\n");
+    assert!(err.to_string().contains("write `30000 ms`"), "{err}");
+}
+
+/// `[groups]` entries with an empty key (which names no one) or an empty
+/// group (which no rule can name) are errors.
+#[test]
+fn empty_group_entries_are_rejected() {
+    for entry in ["\"k\" = \"\"", "\"\" = \"admin\""] {
+        let err = error(&format!(
+            "[groups]\n{entry}\n\n[[routes]]\npath = \"^/a\"\nrules = [{{ group = \"admin\" }}]\n"
+        ));
+        assert!(
+            matches!(err.kind(), ConfigErrorKind::EmptyName),
+            "{entry}: {err}"
+        );
+        assert!(
+            err.field().is_some_and(|f| f.starts_with("groups.")),
+            "{err}"
+        );
+    }
 }
