@@ -320,6 +320,13 @@ impl<St: Store> RateLimitLayer<St, ClientIp> {
 impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// Tells users (and their groups) apart with `identity`: a closure or an
     /// [`Identify`] implementation (see [`crate::identity`]).
+    ///
+    /// The layer gives the identity no deadline of its own (the store's
+    /// deadline starts once the identity has answered): one that looks
+    /// something up should bound its wait (`tokio::time::timeout`) and
+    /// answer an [`IdentityError`](crate::identity::IdentityError) with a
+    /// `503` when it runs out, or a lookup that hangs holds the request as
+    /// long.
     pub fn identify<J: Identify>(self, identity: J) -> RateLimitLayer<St, J, M> {
         self.retyped(Arc::new(identity))
     }

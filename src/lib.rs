@@ -85,6 +85,13 @@ pub(crate) fn cold_path() {
     std::hint::black_box(());
 }
 
+/// The `http` crate (1.x) whose types this one's API takes and gives
+/// (`Request`, `request::Parts`, `HeaderValue`, `StatusCode`), re-exported
+/// so that a service can name them without a dependency of its own; the
+/// examples here write `http::…`, which is `tower_ratelimit::http::…` (or
+/// `axum::http::…`) to a service that does not depend on it.
+pub use http;
+
 pub use body::{RateLimitBody, SameBody};
 pub use error::{ConfigError, ConfigErrorKind};
 pub use layer::{FailMode, RateLimitLayer, ReloadableRules, RuleSource, DEFAULT_DENIAL_CACHE};

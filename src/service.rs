@@ -481,7 +481,17 @@ impl<St: Store, I> Shared<St, I> {
                 let status = GrpcStatus::of_identity_error(error.status());
                 decision::grpc(&head.headers, status, error.message(), Pushback::Unsaid)
             }
-            None => decision::problem(error.status(), error.message()),
+            None => {
+                let mut response = decision::problem(error.status(), error.message());
+                if let (StatusCode::UNAUTHORIZED, Some(challenge)) =
+                    (error.status(), error.challenge())
+                {
+                    response
+                        .headers_mut()
+                        .insert(http::header::WWW_AUTHENTICATE, challenge.clone());
+                }
+                response
+            }
         };
         Verdict::Answer(response, None)
     }

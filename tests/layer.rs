@@ -109,6 +109,42 @@ async fn on_identity_error_builds_the_response() {
     assert_eq!(reply.body, "who are you? missing x-user");
 }
 
+/// The default answer to an identity error: its status (a 4xx or 5xx
+/// only: a 200 would tell the client it was served) and, on a 401, the
+/// challenge it names as `WWW-Authenticate` (RFC 9110 §11.6.1).
+#[tokio::test]
+async fn identity_errors_answer_their_status_and_challenge() {
+    use tower_ratelimit::identity::IdentityError;
+    let answer = |error: IdentityError| async move {
+        let layer = RateLimitLayer::new(rules(), MemoryStore::new()).identify(
+            move |_: &http::request::Parts| {
+                ready(Err::<tower_ratelimit::identity::Identity, _>(error.clone()))
+            },
+        );
+        let router = Router::new().fallback(|| async { "ok" }).layer(layer);
+        router.oneshot(get("/a")).await.unwrap()
+    };
+    let challenged = answer(
+        IdentityError::new("no key")
+            .with_challenge(http::HeaderValue::from_static(r#"Bearer realm="api""#)),
+    )
+    .await;
+    assert_eq!(challenged.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        challenged.headers()["www-authenticate"],
+        r#"Bearer realm="api""#
+    );
+    let plain = answer(IdentityError::new("no key")).await;
+    assert_eq!(plain.status(), StatusCode::UNAUTHORIZED);
+    assert!(!plain.headers().contains_key("www-authenticate"));
+    let down = answer(IdentityError::new("lookup").with_status(StatusCode::BAD_GATEWAY)).await;
+    assert_eq!(down.status(), StatusCode::BAD_GATEWAY);
+    for ignored in [StatusCode::OK, StatusCode::FOUND, StatusCode::CONTINUE] {
+        let reply = answer(IdentityError::new("?").with_status(ignored)).await;
+        assert_eq!(reply.status(), StatusCode::UNAUTHORIZED, "{ignored}");
+    }
+}
+
 async fn status(router: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
     let response = router.clone().oneshot(request).await.unwrap();
     let status = response.status();

@@ -162,11 +162,32 @@ impl Identity {
 
 /// Why a request could not be identified; becomes a response through
 /// [`RateLimitLayer::on_identity_error`](crate::RateLimitLayer::on_identity_error)
-/// (by default `401` with a problem+json body).
+/// (by default `401` with a problem+json body, and the
+/// [challenge](Self::with_challenge) if the error has one).
+///
+/// A `401` should tell the client how to authenticate: RFC 9110 §11.6.1
+/// asks for a `WWW-Authenticate` header, which the default response sends
+/// when the error names a challenge. Without one, a `403`
+/// ([`with_status`](Self::with_status)) may say it better.
+///
+/// ```
+/// use http::{HeaderValue, StatusCode};
+/// use tower_ratelimit::identity::IdentityError;
+///
+/// let missing = IdentityError::new("no API key")
+///     .with_challenge(HeaderValue::from_static(r#"Bearer realm="api""#));
+/// assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+/// let down = IdentityError::new("key lookup failed").with_status(StatusCode::SERVICE_UNAVAILABLE);
+/// assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+/// // Not an error status: ignored (a 200 would tell the client it succeeded).
+/// let odd = IdentityError::new("?").with_status(StatusCode::OK);
+/// assert_eq!(odd.status(), StatusCode::UNAUTHORIZED);
+/// ```
 #[derive(Clone, Debug)]
 pub struct IdentityError {
     message: Cow<'static, str>,
     status: StatusCode,
+    challenge: Option<http::HeaderValue>,
 }
 
 impl IdentityError {
@@ -175,19 +196,37 @@ impl IdentityError {
         Self {
             message: message.into(),
             status: StatusCode::UNAUTHORIZED,
+            challenge: None,
         }
     }
 
-    /// Answers with `status` instead.
+    /// Answers with `status` instead: a client error (4xx) or a server
+    /// error (5xx); any other status is ignored, since the request was
+    /// neither served nor redirected.
     #[must_use]
     pub fn with_status(mut self, status: StatusCode) -> Self {
-        self.status = status;
+        if status.is_client_error() || status.is_server_error() {
+            self.status = status;
+        }
+        self
+    }
+
+    /// The `WWW-Authenticate` challenge the default `401` response sends
+    /// (for instance `Bearer realm="api"`).
+    #[must_use]
+    pub fn with_challenge(mut self, challenge: http::HeaderValue) -> Self {
+        self.challenge = Some(challenge);
         self
     }
 
     /// The status the default response uses.
     pub fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// The `WWW-Authenticate` challenge, if any.
+    pub fn challenge(&self) -> Option<&http::HeaderValue> {
+        self.challenge.as_ref()
     }
 
     /// The message (it goes into the default response's `detail`).
