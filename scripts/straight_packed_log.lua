@@ -335,7 +335,8 @@ if allowed == 0 and block > 0 then
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the
--- last with the fewest: on a tie, the longer), which resets when its oldest entry leaves it.
+-- fewest; on a tie, the longer: the user's windows alone, shortest first,
+-- so the last), which resets when its oldest entry leaves it.
 local least, reset = 9007199254740992, 0
 --$each
 local r@ = n@ - c@

@@ -99,10 +99,12 @@ impl DenialCache {
 
     /// Remembers that `budget` is denied for requests of `cost` under
     /// `policy` until `now + decision.retry_after()`, or until its
-    /// constraining window frees a slot if that is sooner. A tie (two
-    /// windows with as few left) is not remembered: the headers report the
-    /// longer, and the shorter frees a slot at a time the decision does
-    /// not tell, after which a replay would show it spent still.
+    /// constraining window frees a slot if that is sooner. With
+    /// `every_window` (the response shows every window's remaining, not
+    /// the constraining one's alone), only while no other window can
+    /// change: a window with entries frees a slot at a time the decision
+    /// does not tell, after which a replay would show it as it was. (A
+    /// block holds every window at nothing left until it ends.)
     pub(crate) fn insert(
         &self,
         budget: &str,
@@ -110,24 +112,29 @@ impl DenialCache {
         cost: u32,
         now: u64,
         decision: &Decision,
+        every_window: bool,
     ) {
         let Some(retry) = decision.retry_after().filter(|w| !w.is_zero()) else {
             return;
         };
-        let fewest = decision.constraining().map(|w| w.remaining);
-        if decision
-            .windows()
-            .iter()
-            .filter(|w| Some(w.remaining) == fewest)
-            .nth(1)
-            .is_some()
-        {
-            return;
+        if every_window && !decision.is_blocked() {
+            let constraining = decision.constraining_index();
+            let others_may_change = decision
+                .windows()
+                .iter()
+                .enumerate()
+                .any(|(i, w)| Some(i) != constraining && w.remaining < w.window().limit());
+            if others_may_change {
+                return;
+            }
         }
         // Replayed, the decision's windows are as the store saw them, so it
         // is kept no longer than they hold: until its constraining window
         // (the one its headers report) frees a slot, if that comes before
-        // the retry (a request that needs more than one slot).
+        // the retry (a request that needs more than one slot). Until then
+        // it stays the constraining window: the others' remaining only
+        // grows, and one with as few left that lost the tie stays behind
+        // it.
         let reset = decision.reset_after();
         let wait = if reset.is_zero() {
             retry
@@ -201,7 +208,7 @@ mod tests {
     fn serves_denials_until_they_expire() {
         let cache = DenialCache::new(100);
         assert!(cache.get("b", 7, 1, 0).is_none());
-        cache.insert("b", 7, 2, 1_000, &denied(10));
+        cache.insert("b", 7, 2, 1_000, &denied(10), false);
         // Other costs might pass, or wait longer: they go to the store.
         assert!(cache.get("b", 7, 1, 1_000).is_none());
         assert!(cache.get("b", 7, 3, 1_000).is_none());
@@ -229,48 +236,52 @@ mod tests {
             windows,
         );
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 2, 0, &decision);
+        cache.insert("b", 0, 2, 0, &decision, false);
         let hit = cache.get("b", 0, 2, 499_999).unwrap();
         assert_eq!(hit.reset_after(), Duration::from_micros(1));
         assert_eq!(hit.retry_after(), Some(Duration::from_micros(900_001)));
         // Past it, the replay would report a window that has moved on.
         assert!(cache.get("b", 0, 2, 500_000).is_none());
         // A decision whose reset is no sooner than its wait keeps the wait.
-        cache.insert("c", 0, 1, 0, &denied(10));
+        cache.insert("c", 0, 1, 0, &denied(10), false);
         assert!(cache.get("c", 0, 1, 9_999).is_some());
     }
 
     #[test]
-    fn a_tie_is_not_kept() {
+    fn shown_every_window_a_denial_is_kept_only_while_the_others_cannot_change() {
         use crate::store::WindowState;
         use crate::Window;
+        let second = Window::new(Duration::from_secs(1), 1).unwrap();
+        let minute = Window::new(Duration::from_secs(60), 3).unwrap();
         // A second's window and a minute's, both spent: the headers report
-        // the minute; the second frees a slot within 500 ms, at a time the
-        // decision does not tell.
-        let tied = Decision::new(
+        // the minute; the second frees a slot within the second, at a time
+        // the decision does not tell.
+        let both = Decision::new(
             false,
             Some(Duration::from_secs(59)),
             Duration::from_secs(59),
-            [
-                WindowState::new(Window::new(Duration::from_secs(1), 1).unwrap(), 0),
-                WindowState::new(Window::new(Duration::from_secs(60), 3).unwrap(), 0),
-            ],
+            [WindowState::new(second, 0), WindowState::new(minute, 0)],
         );
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 1, 0, &tied);
+        // (Showing the minute alone, the replay holds until it frees a slot.)
+        cache.insert("x", 0, 1, 0, &both, false);
+        assert!(cache.get("x", 0, 1, 58_999_999).is_some());
+        // Showing both, it is not kept.
+        cache.insert("b", 0, 1, 0, &both, true);
         assert!(cache.get("b", 0, 1, 1).is_none());
-        // Once the second has a slot again, the minute alone denies.
+        // Once the second's window is empty, the minute alone can change.
         let alone = Decision::new(
             false,
             Some(Duration::from_secs(58)),
             Duration::from_secs(58),
-            [
-                WindowState::new(Window::new(Duration::from_secs(1), 1).unwrap(), 1),
-                WindowState::new(Window::new(Duration::from_secs(60), 3).unwrap(), 0),
-            ],
+            [WindowState::new(second, 1), WindowState::new(minute, 0)],
         );
-        cache.insert("b", 0, 1, 0, &alone);
+        cache.insert("b", 0, 1, 0, &alone, true);
         assert!(cache.get("b", 0, 1, 57_999_999).is_some());
+        // A block holds every window at nothing left until it ends.
+        let blocked = Decision::new_blocked(Duration::from_secs(300), [second, minute]);
+        cache.insert("c", 0, 1, 0, &blocked, true);
+        assert!(cache.get("c", 0, 1, 299_999_999).is_some());
     }
 
     #[test]
@@ -279,7 +290,7 @@ mod tests {
         // groups) may have other limits: one's denial says nothing of the
         // other's.
         let cache = DenialCache::new(100);
-        cache.insert("z:alice", 1, 1, 0, &denied(60_000));
+        cache.insert("z:alice", 1, 1, 0, &denied(60_000), false);
         assert!(cache.get("z:alice", 2, 1, 10).is_none());
         assert!(cache.get("z:alice", 1, 1, 10).is_some());
     }
@@ -289,7 +300,7 @@ mod tests {
         // A request read the clock, then waited for the shard lock while
         // another request cached a denial.
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 1, 5_000, &denied(10));
+        cache.insert("b", 0, 1, 5_000, &denied(10), false);
         let hit = cache.get("b", 0, 1, 4_000).unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(10)));
     }
@@ -308,15 +319,15 @@ mod tests {
         let cache = DenialCache::new(SHARDS * 2);
         let same = same_shard(&cache, 4);
         let first = |c: &DenialCache| c.shard("b0").lock().unwrap().first_expiry;
-        cache.insert(&same[0], 0, 1, 0, &denied(5));
-        cache.insert(&same[1], 0, 1, 0, &denied(10));
+        cache.insert(&same[0], 0, 1, 0, &denied(5), false);
+        cache.insert(&same[1], 0, 1, 0, &denied(10), false);
         assert_eq!(first(&cache), 5_000);
         // Full of live entries: turned away, the shard left as it was.
-        cache.insert(&same[2], 0, 1, 4_000, &denied(10));
+        cache.insert(&same[2], 0, 1, 4_000, &denied(10), false);
         assert!(cache.get(&same[2], 0, 1, 4_001).is_none());
         assert_eq!(cache.len.load(Ordering::Relaxed), 2);
         // The first entry has expired: it makes room.
-        cache.insert(&same[3], 0, 1, 5_000, &denied(10));
+        cache.insert(&same[3], 0, 1, 5_000, &denied(10), false);
         assert!(cache.get(&same[3], 0, 1, 5_001).is_some());
         assert!(cache.get(&same[1], 0, 1, 5_001).is_some());
         assert!(cache.get(&same[0], 0, 1, 5_001).is_none());
@@ -330,17 +341,17 @@ mod tests {
         let same = same_shard(&cache, 19);
         // 16 entries, expiring 1, 2, ..., 16 ms from 0.
         for (i, key) in same[..16].iter().enumerate() {
-            cache.insert(key, 0, 1, 0, &denied(i as u64 + 1));
+            cache.insert(key, 0, 1, 0, &denied(i as u64 + 1), false);
         }
         // At 1 ms the first has expired: room for one.
-        cache.insert(&same[16], 0, 1, 1_000, &denied(100));
+        cache.insert(&same[16], 0, 1, 1_000, &denied(100), false);
         assert!(cache.get(&same[16], 0, 1, 1_001).is_some());
         // At 2 ms the second has expired too, but the shard is not swept
         // again until an eighth of it (two entries) has: no room yet.
-        cache.insert(&same[17], 0, 1, 2_000, &denied(100));
+        cache.insert(&same[17], 0, 1, 2_000, &denied(100), false);
         assert!(cache.get(&same[17], 0, 1, 2_001).is_none());
         // At 3 ms it is: two entries leave, one comes in.
-        cache.insert(&same[18], 0, 1, 3_000, &denied(100));
+        cache.insert(&same[18], 0, 1, 3_000, &denied(100), false);
         assert!(cache.get(&same[18], 0, 1, 3_001).is_some());
         assert_eq!(cache.len.load(Ordering::Relaxed), 15);
     }
@@ -349,11 +360,11 @@ mod tests {
     fn is_bounded() {
         let cache = DenialCache::new(32);
         for i in 0..10_000 {
-            cache.insert(&format!("b{i}"), 0, 1, 0, &denied(1000));
+            cache.insert(&format!("b{i}"), 0, 1, 0, &denied(1000), false);
         }
         assert!(cache.len.load(Ordering::Relaxed) <= 32);
         // Expired entries make room again.
-        cache.insert("late", 0, 1, 2_000_000, &denied(1000));
+        cache.insert("late", 0, 1, 2_000_000, &denied(1000), false);
         assert!(cache.get("late", 0, 1, 2_000_001).is_some());
     }
 }

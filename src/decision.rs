@@ -1,9 +1,9 @@
 //! How a [`Decision`] becomes response headers and denial responses.
 //!
 //! Every limited response carries, for the *constraining* window (the one
-//! with the fewest requests remaining; ties go to the longer window, and to
-//! a route-wide one before the user's own: the window that holds a client
-//! back longer):
+//! with the fewest requests remaining; ties go to the longer window, the
+//! one that holds a client back longer, then to a route-wide one before
+//! the user's own):
 //!
 //! | header | value |
 //! |---|---|
@@ -233,6 +233,12 @@ impl RateHeaders {
             retry_after,
             extra,
         }
+    }
+
+    /// Whether the headers show every window's remaining (the IETF and
+    /// per-window modes), not the constraining window's alone.
+    pub(crate) fn shows_every_window(&self) -> bool {
+        self.extra.is_some()
     }
 
     /// Without `Retry-After` (shadow mode lets a would-be denial through).

@@ -705,7 +705,14 @@ impl<St: Store, I> Shared<St, I> {
         if let (Outcome::Denied, Some(cache), Some(asked)) =
             (outcome, &self.state.denials, checked.asked)
         {
-            cache.insert(checked.budget, policy.id, checked.cost, asked, &decision);
+            cache.insert(
+                checked.budget,
+                policy.id,
+                checked.cost,
+                asked,
+                &decision,
+                headers.shows_every_window(),
+            );
         }
         // A request that costs more than a window's limit can never pass:
         // it is told no wait.

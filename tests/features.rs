@@ -558,6 +558,37 @@ async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
     assert_eq!(store.calls(), 10);
 }
 
+/// A block is cached whatever the windows and the header mode: it holds
+/// every window (the user's and the route's) at nothing left until it
+/// ends, so its replay is exact and the store is not asked again.
+#[tokio::test]
+async fn a_block_is_cached_with_every_window_shown() {
+    let rules = Rules::builder()
+        .add_route(
+            Route::new("^/a")
+                .rules([Rule::new()
+                    .second(1)
+                    .minute(5)
+                    .block_time(Duration::from_secs(60))])
+                .global(Rule::new().hour(1_000)),
+        )
+        .build()
+        .unwrap();
+    let store = Flaky::default();
+    let app = App::with(rules, store.clone(), |l| l.headers(HeaderMode::Both));
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let blocked = app.get("/a", "u").await;
+    assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(blocked.number("retry-after"), 60);
+    let asked = store.calls();
+    for _ in 0..5 {
+        app.advance_ms(1_000);
+        let again = app.get("/a", "u").await;
+        assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(store.calls(), asked, "the store was asked during the block");
+}
+
 /// A cached denial's headers are the store's own: replayed only while the
 /// windows they report still hold (here, two spent windows, the longer
 /// one reported, while the shorter frees a slot long before the request

@@ -71,7 +71,8 @@ fn decision(
     remaining: &[u32],
     reset: impl Fn(usize) -> u64,
 ) -> Decision {
-    let reset = constraining(remaining.iter().copied()).map_or(0, reset);
+    let reset =
+        constraining(remaining.iter().zip(windows).map(|(r, w)| (*r, w.micros()))).map_or(0, reset);
     Decision::new(
         allowed,
         Some(Duration::from_micros(retry)),

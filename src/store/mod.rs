@@ -460,7 +460,8 @@ impl Decision {
     /// Joins the decisions on a user's budget and on its route's budget
     /// (a check with a [`global`](Check::global) part): allowed only if
     /// both are; the longest wait; the user's windows, then the route's;
-    /// the constraining window of the two (the route's on ties). A store
+    /// the reset of the constraining window of all (see
+    /// [`constraining`](Self::constraining)). A store
     /// decides both first without recording, and records in both only if
     /// both allow.
     ///
@@ -481,17 +482,13 @@ impl Decision {
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
     pub fn join(user: Decision, global: Decision) -> Decision {
-        let min = |d: &Decision| {
-            d.windows()
-                .iter()
-                .map(|w| w.remaining)
-                .min()
-                .unwrap_or(u32::MAX)
-        };
-        let reset = if min(&user) < min(&global) {
-            user.reset_after
-        } else {
-            global.reset_after
+        // (Each reset belongs to its own decision's constraining window:
+        // the joined one's is the user's if that window wins over all.)
+        let both = user.windows().iter().chain(global.windows());
+        let first = constraining(both.map(|w| (w.remaining, w.window().micros())));
+        let reset = match first {
+            Some(i) if i < user.windows().len() => user.reset_after,
+            _ => global.reset_after,
         };
         let retry = user
             .retry_after()
@@ -548,10 +545,9 @@ impl Decision {
         self.windows.as_slice()
     }
 
-    /// The window with the fewest requests remaining (ties: the last in
-    /// [`windows`](Self::windows)' order, the user's before the route's,
-    /// each shortest first, so the longer window, which holds a client
-    /// back longer): the one the `X-RateLimit-*` headers describe.
+    /// The window with the fewest requests remaining (ties: the longer
+    /// window, which holds a client back longer; then the route's before
+    /// the user's): the one the `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
         self.constraining_index()
             .and_then(|i| self.windows().get(i))
@@ -560,17 +556,29 @@ impl Decision {
     /// The index of the [constraining](Self::constraining) window in
     /// [`windows`](Self::windows).
     pub fn constraining_index(&self) -> Option<usize> {
-        constraining(self.windows().iter().map(|w| w.remaining))
+        constraining(
+            self.windows()
+                .iter()
+                .map(|w| (w.remaining, w.window().micros())),
+        )
     }
 }
 
-/// The index of the window with the fewest remaining; ties go to the last
-/// (windows are shortest first, so the longer).
-pub(crate) fn constraining(remaining: impl IntoIterator<Item = u32>) -> Option<usize> {
-    remaining
+/// The index of the window with the fewest remaining, of `(remaining,
+/// length in microseconds)` pairs; ties go to the longer window, then to
+/// the last (a route-wide window, listed after the user's).
+pub(crate) fn constraining(windows: impl IntoIterator<Item = (u32, u64)>) -> Option<usize> {
+    windows
         .into_iter()
         .enumerate()
-        .reduce(|best, w| if w.1 <= best.1 { w } else { best })
+        .reduce(|best, w| {
+            let ((r, d), (best_r, best_d)) = (w.1, best.1);
+            if r < best_r || (r == best_r && d >= best_d) {
+                w
+            } else {
+                best
+            }
+        })
         .map(|(i, _)| i)
 }
 

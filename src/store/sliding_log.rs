@@ -73,13 +73,18 @@ fn check_many(log: &mut Log, windows: &[Window], cost: u32, now: u64, record: bo
     let remaining = |i: usize, w: &Window| {
         u32::try_from(u64::from(w.limit()).saturating_sub(counts[i])).unwrap_or(u32::MAX)
     };
-    let reset = constraining(windows.iter().enumerate().map(|(i, w)| remaining(i, w)))
-        .and_then(|i| {
-            let w = windows.get(i)?;
-            let oldest = log.get(log.len().checked_sub(usize::try_from(counts[i]).ok()?)?)?;
-            (counts[i] > 0).then(|| oldest.saturating_add(w.micros()).saturating_sub(now))
-        })
-        .unwrap_or(0);
+    let reset = constraining(
+        windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (remaining(i, w), w.micros())),
+    )
+    .and_then(|i| {
+        let w = windows.get(i)?;
+        let oldest = log.get(log.len().checked_sub(usize::try_from(counts[i]).ok()?)?)?;
+        (counts[i] > 0).then(|| oldest.saturating_add(w.micros()).saturating_sub(now))
+    })
+    .unwrap_or(0);
     Decision::new(
         allowed,
         Some(Duration::from_micros(retry)),

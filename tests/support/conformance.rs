@@ -20,6 +20,7 @@ macro_rules! conformance_suite {
             all_or_nothing_across_windows,
             headers_describe_the_constraining_window,
             a_tie_describes_the_window_that_holds_the_client_back,
+            a_tie_between_the_user_and_the_route_goes_to_the_longer,
             every_algorithm_breaks_a_tie_for_the_longer_window,
             groups_pick_their_rule,
             routes_fall_through_to_a_rule_for_the_group,
@@ -250,6 +251,40 @@ pub async fn a_tie_describes_the_window_that_holds_the_client_back<St: Store>(
     let denied = app.get("/a", "u").await;
     assert_eq!(seen(&denied), (429, 3, 0, 58));
     assert_eq!(denied.number("retry-after"), 58);
+}
+
+/// A tie between the user's window and the route's goes to the longer too,
+/// whichever budget it is in: here the user's minute over the route's
+/// second, where the route's window, listed last, would win on order alone.
+pub async fn a_tie_between_the_user_and_the_route_goes_to_the_longer<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rules = Rules::builder()
+        .add_route(
+            Route::new("^/a")
+                .rules([Rule::new().minute(2)])
+                .global(Rule::new().second(3)),
+        )
+        .build()
+        .unwrap();
+    let app = App::new(rules, store.await);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    // (v spends the route's last request of this second.)
+    assert_eq!(app.get("/a", "v").await.status, StatusCode::OK);
+    // u: its minute and the route's second both spent.
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("x-ratelimit-limit"), 2);
+    assert_eq!(denied.number("x-ratelimit-remaining"), 0);
+    assert_eq!(denied.number("x-ratelimit-reset"), 60);
+    assert_eq!(denied.number("retry-after"), 60);
+    // v's own minute has room, the route's second is spent: denied by the
+    // route alone, which the headers name.
+    let route = app.get("/a", "v").await;
+    assert_eq!(route.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(route.number("x-ratelimit-limit"), 3);
+    assert_eq!(route.number("retry-after"), 1);
 }
 
 /// Every algorithm (in the Redis scripts as in the memory store) describes
