@@ -49,7 +49,7 @@ use axum::Router;
 use clap::{Parser, ValueEnum};
 use http::request::Parts;
 use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
-use tower_ratelimit::store::redis::RedisStore;
+use tower_ratelimit::store::redis::{redacted, RedisStore};
 use tower_ratelimit::{
     Adjustment, Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules,
     Store, StoreError, StoreErrorKind,
@@ -279,7 +279,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .build()
             .await
             .map_err(|e| bad_url("--redis", url, e, REDIS_URLS))?;
-        tracing::info!("store: redis {url}");
+        tracing::info!("store: redis {}", redacted(url));
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_sentinel {
         let store = RedisStore::builder()
@@ -291,7 +291,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         tracing::info!(
             "store: redis master `{}` through sentinels {}",
             args.sentinel_master,
-            urls.join(",")
+            redacted(&urls.join(","))
         );
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_cluster {
@@ -301,7 +301,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .build()
             .await
             .map_err(|e| bad_url("--redis-cluster", &urls.join(","), e, CLUSTER_URLS))?;
-        tracing::info!("store: redis cluster {}", urls.join(","));
+        tracing::info!("store: redis cluster {}", redacted(&urls.join(",")));
         serve(&args, config, loaded, store, mode, proxies).await
     } else {
         tracing::info!("store: memory");
@@ -309,12 +309,19 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
     }
 }
 
-/// The error of a Redis flag whose URL the store refused: the flag, the
-/// store's reason, and the URLs it takes. (A store that cannot connect is
-/// no error: it keeps trying in the background.)
+/// The error of a Redis flag the store refused: the flag, its URL (without
+/// a password) and the store's reason, and, for a URL it could not read,
+/// the URLs it takes. (A store that cannot connect is no error: it keeps
+/// trying in the background. One whose server is set up otherwise, such as
+/// a wrong password or a Cluster node given to `--redis`, is, and its URL
+/// was fine.)
 fn bad_url(flag: &str, url: &str, error: StoreError, expected: &str) -> Box<dyn std::error::Error> {
+    let unreadable = error.to_string().contains("invalid redis");
     match error.kind() {
-        StoreErrorKind::Config => format!("{flag} {url}: {error}; {expected}").into(),
+        StoreErrorKind::Config if unreadable => {
+            format!("{flag} {}: {error}; {expected}", redacted(url)).into()
+        }
+        StoreErrorKind::Config => format!("{flag} {}: {error}", redacted(url)).into(),
         _ => error.into(),
     }
 }

@@ -466,6 +466,22 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
         error.contains("expected comma-separated redis://HOST"),
         "{error}"
     );
+    // A URL that reads fine but a server that refuses its password: the
+    // error says so, without the password and without blaming the URL's form.
+    let guarded = RedisServer::start();
+    assert_eq!(
+        guarded.cli(&["config", "set", "requirepass", "right"]),
+        "OK"
+    );
+    let url = format!("redis://:s3cret@127.0.0.1:{}", guarded.port);
+    let error = start_error(&["--redis", &url]).await;
+    assert!(
+        error.starts_with("--redis redis://:***@127.0.0.1:"),
+        "{error}"
+    );
+    assert!(!error.contains("s3cret"), "{error}");
+    assert!(!error.contains("expected redis://"), "{error}");
+    assert!(error.to_lowercase().contains("password"), "{error}");
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();

@@ -2116,6 +2116,41 @@ async fn a_sentinel_store_follows_the_master_through_failovers() {
     }
 }
 
+/// A master its sentinels see down at start-up (here with no replica to
+/// fail over to) is not a setup mistake: the store builds, the checks fail
+/// by the fail mode, and it connects once the master is back. (redis-rs
+/// reports it as it reports an unknown master name.)
+#[tokio::test]
+async fn a_sentinel_master_down_at_start_up_is_not_fatal() {
+    use support::redis_server::RedisSentinels;
+    let mut set = RedisSentinels::start();
+    set.replica.kill();
+    set.master.kill();
+    let seen_down = Instant::now();
+    while !set
+        .sentinel
+        .cli(&["sentinel", "master", "mymaster"])
+        .contains("s_down")
+    {
+        assert!(
+            seen_down.elapsed() < Duration::from_secs(10),
+            "the sentinel never saw the master down"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = RedisStore::builder()
+        .sentinel([set.sentinel_url()], "mymaster")
+        .timeout(TEST_TIMEOUT)
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert!(!app.get("/a", "u").await.limited());
+    set.master.restart();
+    until_limited(&app, "u", Duration::from_secs(10)).await;
+}
+
 /// A Sentinel setup that cannot work is a configuration error at build:
 /// no sentinel, or a master URL that is not one.
 #[tokio::test]

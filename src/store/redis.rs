@@ -817,6 +817,37 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
     }
 }
 
+/// Whether every sentinel answers that it knows no master named `service`
+/// (`SENTINEL GET-MASTER-ADDR-BY-NAME` gives nil): a setup mistake. One
+/// that cannot be reached, or answers otherwise, leaves it open: a master
+/// that is down or failing over is still named. (redis-rs reports both as
+/// `MasterNameNotFoundBySentinel`.)
+async fn unknown_to_every_sentinel(sentinels: &[String], service: &str, timeout: Duration) -> bool {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    for url in sentinels {
+        let Ok(client) = redis::Client::open(url.as_str()) else {
+            return false;
+        };
+        let Ok(mut conn) = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        else {
+            return false;
+        };
+        let named: RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(service)
+            .query_async(&mut conn)
+            .await;
+        if !matches!(named, Ok(None)) {
+            return false;
+        }
+    }
+    !sentinels.is_empty()
+}
+
 /// How a [`Lazy`] treats its kind of connection.
 #[derive(Clone, Copy)]
 struct Shape {
@@ -1027,7 +1058,7 @@ where
         .min()
         .unwrap_or(sent_at + deadline);
     let counts = due.saturating_duration_since(sent_at) * 2 >= deadline;
-    let started = sent_at.into_std();
+    let started = sent_at;
     let timed_out = |lazy: &Arc<Lazy<C>>| {
         if counts {
             lazy.observe_timeout(started);
@@ -1474,8 +1505,9 @@ struct Lazy<C> {
     /// When the last timeout counted in `timeouts` was seen (see
     /// [`Lazy::micros`]; 0: none yet).
     last_timeout: AtomicU64,
-    /// The origin of `last_timeout`.
-    origin: Instant,
+    /// The origin of `last_timeout` (on tokio's clock, as the calls'
+    /// deadlines).
+    origin: tokio::time::Instant,
     /// Whether a broken connection is dropped at once (a multiplexed
     /// connection never recovers; the cluster client heals itself).
     drop_when_broken: bool,
@@ -1532,7 +1564,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             reconnecting: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
             last_timeout: AtomicU64::new(0),
-            origin: Instant::now(),
+            origin: tokio::time::Instant::now(),
             drop_when_broken: shape.drop_when_broken,
             heals: shape.heals,
             used: AtomicBool::new(false),
@@ -1616,7 +1648,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                     continue;
                 }
                 let Some(mut conn) = this.get() else { continue };
-                let started = Instant::now();
+                let started = tokio::time::Instant::now();
                 let read = this.clock.read(&mut conn);
                 match tokio::time::timeout(ping_timeout, read).await {
                     Ok(result) => this.observe(&result, started),
@@ -1735,7 +1767,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             self.reconnect();
             return Err(not_connected());
         };
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         let result = match cmd.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
                 let left = deadline.saturating_sub(started.elapsed());
@@ -1766,7 +1798,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         cmd: &redis::Cmd,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         let call = Box::pin(self.invoke(cmd, deadline));
         match tokio::time::timeout(deadline, call).await {
             Ok(reply) => reply,
@@ -1816,7 +1848,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     }
 
     /// Notes what a call sent at `started` got back.
-    fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>, started: Instant) {
+    fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>, started: tokio::time::Instant) {
         match result {
             Ok(_) => {
                 self.timeouts.store(0, Ordering::Relaxed);
@@ -1837,8 +1869,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     /// counts only for a call sent after the last one counted: the calls in
     /// flight during one stall (a Cluster client's checks go one call each)
     /// time out together and count once.
-    fn observe_timeout(self: &Arc<Self>, started: Instant) {
-        let now = self.micros(Instant::now());
+    fn observe_timeout(self: &Arc<Self>, started: tokio::time::Instant) {
+        let now = self.micros(tokio::time::Instant::now());
         let last = self.last_timeout.load(Ordering::Relaxed);
         if self.micros(started) < last
             || self
@@ -1856,7 +1888,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 
     /// `at` in microseconds since this connection's origin (at least 1, so
     /// that 0 means no timeout counted yet).
-    fn micros(&self, at: Instant) -> u64 {
+    fn micros(&self, at: tokio::time::Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.origin).as_micros())
             .unwrap_or(u64::MAX)
             .saturating_add(1)
@@ -1875,14 +1907,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
 /// Errors on connecting that no retry mends: the target is set up wrongly.
 /// A Cluster client on a server without cluster support, a direct
 /// connection to a node of a Cluster of several masters (see
-/// [`not_a_cluster_node`]), a master name no sentinel knows, a password
-/// the server refuses.
+/// [`not_a_cluster_node`]), a password the server refuses. (A master name
+/// no sentinel knows is asked apart: [`unknown_to_every_sentinel`].)
 fn misconfigured(e: &RedisError) -> bool {
     if matches!(
         e.kind(),
-        redis::ErrorKind::AuthenticationFailed
-            | redis::ErrorKind::MasterNameNotFoundBySentinel
-            | redis::ErrorKind::InvalidClientConfig
+        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
     ) {
         return true;
     }
@@ -1973,6 +2003,33 @@ fn not_connected() -> StoreError {
         StoreErrorKind::Unavailable,
         "not connected to redis (reconnecting)",
     )
+}
+
+/// `url` with the password of its user part, if any, replaced by `***`,
+/// for errors and logs.
+///
+/// ```
+/// use tower_ratelimit::store::redis::redacted;
+///
+/// assert_eq!(redacted("redis://app:s3cret@db:6379/0"), "redis://app:***@db:6379/0");
+/// assert_eq!(redacted("redis://:s3cret@db"), "redis://:***@db");
+/// assert_eq!(redacted("redis://db:6379"), "redis://db:6379");
+/// ```
+pub fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.into();
+    };
+    // (The user part ends at the authority's last `@`; a path may hold
+    // `@` too, after the first `/`.)
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let Some((user, host)) = authority.rsplit_once('@') else {
+        return url.into();
+    };
+    let Some((name, _password)) = user.split_once(':') else {
+        return url.into();
+    };
+    let tail = &rest[authority.len()..];
+    format!("{scheme}://{name}:***@{host}{tail}").into()
 }
 
 fn config_error(message: impl Into<String>) -> StoreError {
@@ -2792,8 +2849,9 @@ impl RedisStoreBuilder {
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
             Some(Target::Url(url)) => {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|e| config_error(format!("invalid redis url `{url}`: {e}")))?;
+                let client = redis::Client::open(url.as_str()).map_err(|e| {
+                    config_error(format!("invalid redis url `{}`: {e}", redacted(&url)))
+                })?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(response_timeout));
@@ -2820,7 +2878,10 @@ impl RedisStoreBuilder {
                 let node = match &master {
                     Some(url) => {
                         let info = url.as_str().into_connection_info().map_err(|e| {
-                            config_error(format!("invalid redis master url `{url}`: {e}"))
+                            config_error(format!(
+                                "invalid redis master url `{}`: {e}",
+                                redacted(url)
+                            ))
                         })?;
                         Some(
                             SentinelNodeConnectionInfo::default()
@@ -2830,6 +2891,11 @@ impl RedisStoreBuilder {
                     None => None,
                 };
                 let what = format!("redis master `{service}` (through its sentinels)");
+                if unknown_to_every_sentinel(&sentinels, &service, connect_timeout).await {
+                    return Err(config_error(format!(
+                        "{what}: no sentinel knows a master named `{service}`"
+                    )));
+                }
                 let follow = follow_sentinels(&sentinels, &service, connect_timeout);
                 let connected_to = follow.connected_to.clone();
                 let build = move |first: usize| {
