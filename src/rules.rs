@@ -435,20 +435,16 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
             .collect();
         // (The same length in milliseconds, when it is a whole number of
         // them: `1.5 seconds` is `1500 ms`.)
-        let ms = number
-            .replace(',', ".")
-            .parse::<f64>()
-            .ok()
-            .zip(unit_ms(rest[number.len()..].trim()))
-            .map(|(n, unit)| n * unit as f64)
-            .filter(|ms| *ms >= 1.0 && ms.fract() == 0.0 && *ms < 1e15);
+        let ms = unit_ms(rest[number.len()..].trim())
+            .and_then(|unit| decimal_times(&number, unit))
+            .filter(|ms| *ms >= 1);
         return Err(match ms {
             Some(ms) => format!(
                 "`{}` is not a whole number of units (write `{ms} ms`)",
                 number.escape_debug()
             ),
             None => format!(
-                "`{}` is not a whole number of units (write a smaller unit: `500 ms` for half a second)",
+                "`{}` is not a whole number of units, nor of milliseconds, the shortest a window counts",
                 number.escape_debug()
             ),
         });
@@ -473,6 +469,31 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
     // (Past the longest window: the window's check reports it.)
     let duration = Duration::from_millis(times.saturating_mul(unit_ms));
     Ok((duration, limit))
+}
+
+/// `number` (digits, one `.` or `,`, more digits) times `unit`, exactly,
+/// if that is a whole number (and not absurdly large).
+fn decimal_times(number: &str, unit: u64) -> Option<u64> {
+    let (whole, fraction) = number.split_once(['.', ',']).unwrap_or((number, ""));
+    if fraction.len() > 18
+        || !fraction
+            .bytes()
+            .chain(whole.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let scale = 10u128.pow(u32::try_from(fraction.len()).ok()?);
+    let digits = format!("{whole}{fraction}");
+    let scaled: u128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
+    let product = scaled.checked_mul(u128::from(unit))?;
+    (product % scale == 0)
+        .then(|| u64::try_from(product / scale).ok())
+        .flatten()
 }
 
 /// A unit of a limit text, in milliseconds.
@@ -1442,11 +1463,11 @@ impl Config {
                 builder = builder.exclude_method(method);
             }
         }
-        // (An empty key names no one, an empty group no rule.)
+        // (An empty or blank key names no one, an empty group no rule.)
         if let Some((key, _)) = raw
             .groups
             .iter()
-            .find(|(key, group)| key.is_empty() || group.is_empty())
+            .find(|(key, group)| key.trim().is_empty() || group.trim().is_empty())
         {
             let at = Location {
                 field: Some(format!("groups.{key:?}")),

@@ -674,13 +674,39 @@ fn limits_that_are_not_integers_say_what_a_limit_is() {
     assert!(err.to_string().contains("write `1500 ms`"), "{err}");
     let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ limits = \"5/0.5 minute\" }]\n");
     assert!(err.to_string().contains("write `30000 ms`"), "{err}");
+    // (Exact, from the digits: no float's rounding.)
+    let hint = |text: &str| {
+        error(&format!(
+            "[[routes]]\npath = \"^/a\"\nrules = [{{ limits = \"{text}\" }}]\n"
+        ))
+        .to_string()
+    };
+    assert!(hint("5/1.001 s").contains("write `1001 ms`"));
+    assert!(hint("5/2.25 min").contains("write `135000 ms`"));
+    let not_whole = hint("5/1.0000000000000000001 s");
+    assert!(!not_whole.contains("write `"), "{not_whole}");
+    assert!(not_whole.contains("nor of milliseconds"), "{not_whole}");
+    assert!(hint("5/1.5 ms").contains("nor of milliseconds"));
+    for odd in [
+        "5/1.5.5 s",
+        "5/,5 s",
+        "5/1e3 s",
+        "5/99999999999999999999.5 years",
+    ] {
+        assert!(hint(odd).contains("cannot read"), "{odd}");
+    }
 }
 
 /// `[groups]` entries with an empty key (which names no one) or an empty
 /// group (which no rule can name) are errors.
 #[test]
 fn empty_group_entries_are_rejected() {
-    for entry in ["\"k\" = \"\"", "\"\" = \"admin\""] {
+    for entry in [
+        "\"k\" = \"\"",
+        "\"\" = \"admin\"",
+        "\" \" = \"admin\"",
+        "\"k\" = \"  \"",
+    ] {
         let err = error(&format!(
             "[groups]\n{entry}\n\n[[routes]]\npath = \"^/a\"\nrules = [{{ group = \"admin\" }}]\n"
         ));

@@ -201,8 +201,10 @@ impl IdentityError {
     }
 
     /// Answers with `status` instead: a client error (4xx) or a server
-    /// error (5xx); any other status is ignored, since the request was
-    /// neither served nor redirected.
+    /// error (5xx); any other status is ignored, since the request was not
+    /// served (and a redirect, to a login page say, needs a `Location`:
+    /// build that response with
+    /// [`on_identity_error`](crate::RateLimitLayer::on_identity_error)).
     #[must_use]
     pub fn with_status(mut self, status: StatusCode) -> Self {
         if status.is_client_error() || status.is_server_error() {
