@@ -592,6 +592,10 @@ pub(crate) struct Policy {
     pub(crate) id: u64,
     /// The policy part of every budget key of this rule (see [`crate::key`]).
     pub(crate) budget: Box<str>,
+    /// Whether another policy spends the same budget keys (a zone's rules,
+    /// a route's groups that count alike): a request it allows may lengthen
+    /// the wait of a denial the cache holds for another.
+    pub(crate) shared: bool,
     /// Sorted by duration, shortest first.
     pub(crate) windows: Arc<[Window]>,
     pub(crate) algorithm: Algorithm,
@@ -1159,6 +1163,7 @@ impl RulesBuilder {
                 rules: compiled.into_boxed_slice(),
             });
         }
+        mark_shared(&mut routes);
         // Every pattern compiled alone above, so only size limits can fail
         // here; they are reported as a parse error of the whole table. (The
         // set reports every pattern that matches anywhere in the path only
@@ -1259,6 +1264,27 @@ struct RouteContext<'a> {
 /// encoded group appended (`/` is in no encoding or route id). A user whose
 /// group changes between requests would otherwise meet a state laid out
 /// for other windows, which the stores would read as nothing counted.
+/// Marks the policies whose budget key another policy spends too (a zone's
+/// rules, a route's groups that count alike): see [`Policy::shared`].
+fn mark_shared(routes: &mut [CompiledRoute]) {
+    let mut counts = std::collections::HashMap::<Box<str>, usize>::new();
+    let policies = |routes: &[CompiledRoute]| -> Vec<Box<str>> {
+        routes
+            .iter()
+            .flat_map(|r| r.rules.iter())
+            .filter_map(|r| r.policy.as_ref().map(|p| p.budget.clone()))
+            .collect()
+    };
+    for budget in policies(routes) {
+        *counts.entry(budget).or_default() += 1;
+    }
+    for rule in routes.iter_mut().flat_map(|r| r.rules.iter_mut()) {
+        if let Some(policy) = rule.policy.as_mut().and_then(Arc::get_mut) {
+            policy.shared = counts.get(&policy.budget).is_some_and(|&n| n > 1);
+        }
+    }
+}
+
 fn split_by_group(rules: &mut [CompiledRule]) {
     let shape = Policy::shape;
     let mut differs: Vec<Box<str>> = Vec::new();
@@ -1383,6 +1409,7 @@ fn compile_rule(
         Some(Arc::new(Policy {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             budget: budget.into_boxed_str(),
+            shared: false,
             ietf_policy: ietf_policy(&windows, route.global.unwrap_or(&[])),
             window_headers: window_headers(&windows, route.global.unwrap_or(&[])),
             limits,

@@ -555,7 +555,8 @@ impl<St: Store, I> Shared<St, I> {
             Err(error) => return self.store_failed(checked, request, &error),
         };
         let policy = checked.policy;
-        let headers = RateHeaders::new(&decision, policy, options.headers_for(policy));
+        let headers =
+            RateHeaders::new(&decision, policy, options.headers_for(policy), checked.cost);
         if decision.allowed() {
             let outcome = if via == Outcome::Fallback {
                 via
@@ -567,6 +568,14 @@ impl<St: Store, I> Shared<St, I> {
             });
             #[cfg(feature = "metrics")]
             observe::near_limit(&decision);
+            // (A zone's other route, or another group, spent from a budget
+            // whose denial the cache may hold for its own policy: that
+            // denial now waits longer than the entry says.)
+            if policy.shared {
+                if let Some(cache) = &self.state.denials {
+                    cache.forget(checked.budget);
+                }
+            }
             if let (Some(hook), false) = (&options.adjust, via == Outcome::Fallback) {
                 return Verdict::PassThen(Some(headers), self.after(hook, &checked));
             }

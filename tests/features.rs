@@ -465,6 +465,10 @@ async fn a_request_costlier_than_the_limit_is_told_no_wait() {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.header("retry-after"), None);
     assert_eq!(denied.number("x-ratelimit-remaining"), 5);
+    // (The reset is the described window's own, the minute's, empty: not
+    // the whole window a wait would have pushed it to.)
+    assert_eq!(denied.number("x-ratelimit-limit"), 5);
+    assert_eq!(denied.number("x-ratelimit-reset"), 0);
     assert!(
         denied.body.contains("can never be allowed"),
         "{:?}",
@@ -556,6 +560,43 @@ async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
         app.get("/a", "u").await;
     }
     assert_eq!(store.calls(), 10);
+}
+
+/// A zone's other route spending the shared budget lengthens the wait of a
+/// denial cached for this route: the cache forgets it, and the next denial
+/// tells the wait the store would.
+#[tokio::test]
+async fn a_zone_spent_by_another_route_refreshes_a_cached_denial() {
+    let rules = || {
+        Rules::builder()
+            .route("^/a", [Rule::new().zone("z").minute(5)])
+            .route("^/b", [Rule::new().zone("z").minute(3)])
+            .build()
+            .unwrap()
+    };
+    let store = Flaky::default();
+    let cached = App::new(rules(), store.clone());
+    let direct = App::new(rules(), MemoryStore::new());
+    for (step_ms, path) in [
+        (0, "/b"),
+        (10_000, "/b"),
+        (0, "/b"),
+        (0, "/b"),
+        (10_000, "/a"),
+        (0, "/a"),
+        (10_000, "/b"),
+    ] {
+        cached.advance_ms(step_ms);
+        direct.advance_ms(step_ms);
+        let (a, b) = (cached.get(path, "u").await, direct.get(path, "u").await);
+        assert_eq!(a.status, b.status, "{path}");
+        assert_eq!(a.header("retry-after"), b.header("retry-after"), "{path}");
+        assert_eq!(
+            a.header("x-ratelimit-reset"),
+            b.header("x-ratelimit-reset"),
+            "{path}"
+        );
+    }
 }
 
 /// A block is cached whatever the windows and the header mode: it holds
