@@ -181,18 +181,23 @@ enum Extra {
 }
 
 impl RateHeaders {
-    /// The headers of `decision` on `policy`, in `mode`; a denial always
-    /// gets `Retry-After`.
+    /// The headers of `decision` on `policy`, in `mode`, for a request of
+    /// `cost`; a denial gets `Retry-After`, unless the request costs more
+    /// than a limit and can never pass.
     // (Inlined into `on_decision`, with it into `on_identity`.)
     #[inline(always)]
-    pub(crate) fn new(decision: &Decision, policy: &Policy, mode: HeaderMode) -> Self {
-        // (A denial always gets one, at least 1 s: a store that gave no
-        // wait still said no.)
+    pub(crate) fn new(decision: &Decision, policy: &Policy, mode: HeaderMode, cost: u32) -> Self {
+        // (A denial gets one, at least 1 s: a store that gave no wait still
+        // said no. Not one that never passes: its wait, the whole window
+        // the stores report, would also push the reset to that window's.)
         let retry_after = if decision.allowed() {
             0
         } else {
             crate::cold_path();
-            retry_after_secs(decision.retry_after().unwrap_or_default())
+            match decision.exceeds_limit(cost) {
+                true => 0,
+                false => retry_after_secs(decision.retry_after().unwrap_or_default()),
+            }
         };
         let Some((index, w)) = decision
             .constraining_index()
