@@ -53,15 +53,29 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 /// its YAML). Cheap to clone; every clone is the same table.
 ///
 /// A request uses the table that was current when its route was matched,
-/// for its whole decision. Budgets carry over a swap when a rule keeps its
-/// route pattern, zone or method, algorithm and window lengths (and its
-/// route the shape of its rules): with the sliding log, a user who spent
-/// 8 of a limit of 10 still has 2 if the new table keeps that limit, and
-/// 12 if it raises it to 20 (the counter algorithms carry their own state
-/// over; a token bucket's refill rate follows the new limit). A rule whose
-/// window lengths or algorithm change starts its budget afresh. The
-/// new table's own `headers` and `shadow` apply, unless the layer sets
-/// its own ([`RateLimitLayer::headers`], [`RateLimitLayer::shadow`]).
+/// for its whole decision. A budget carries over a swap when its rule keeps
+/// its route pattern, zone or method and algorithm (and its route the
+/// shape of its rules: whether its groups count alike):
+///
+/// - a sliding log keeps its log of requests, which the new rule's windows
+///   count whatever their lengths: a user who spent 8 of a limit of 10
+///   still has 2 if the new table keeps that limit, and 12 if it raises it
+///   to 20;
+/// - the counter algorithms keep the state of each window whose length
+///   stays (a token bucket its fullness as a share of the window, its
+///   refill rate following the new limit); a window of a new length
+///   starts empty;
+/// - a changed algorithm starts afresh.
+///
+/// On Redis, adding a route-wide limit to a route, or removing it, moves
+/// its users' budgets to other keys (a user's windows and the route's are
+/// decided in one call, so on a Cluster they live in one slot): they start
+/// afresh, and a change back finds the earlier ones as they were left,
+/// until they expire. So does a sliding log whose rule moves between up to
+/// 5 windows and more (see [`crate::store::redis`]). The memory store keeps
+/// them. The new table's own `headers` and `shadow` apply, unless the
+/// layer sets its own ([`RateLimitLayer::headers`],
+/// [`RateLimitLayer::shadow`]).
 ///
 /// ```
 /// use axum::{body::Body, Router};
