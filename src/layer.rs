@@ -532,12 +532,17 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     }
 
     /// The local denial cache: budgets the store denied are denied
-    /// in-process until their wait ends, with no store call (exact, since
-    /// denied requests consume nothing), or sooner, when the window the
-    /// headers report frees a slot first: a replayed denial's headers are
-    /// the store's own, its waits shortened by the time since. (With the
-    /// IETF or per-window headers, a window they show beside that one keeps
-    /// the remaining count the store gave, which time can only raise.) On
+    /// in-process until their wait ends, with no store call, or sooner, when
+    /// the window the headers report frees a slot first: a replayed
+    /// denial's headers are the store's own, its waits shortened by the
+    /// time since. Only denials whose wait nothing but time changes are
+    /// kept: blocks, requests that cost more than a limit, and denials of a
+    /// request of cost 1 (no request passes while one is denied, so none
+    /// spends) on a rule whose budget no other rule spends with a higher
+    /// limit (a zone's rule elsewhere, another group counting alike, whose
+    /// requests, on any replica, may pass and lengthen the wait); with the
+    /// IETF or per-window headers, only while no other window they show
+    /// can change. On
     /// by default with room for [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns
     /// it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {

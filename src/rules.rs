@@ -592,9 +592,11 @@ pub(crate) struct Policy {
     pub(crate) id: u64,
     /// The policy part of every budget key of this rule (see [`crate::key`]).
     pub(crate) budget: Box<str>,
-    /// Whether another policy spends the same budget keys (a zone's rules,
-    /// a route's groups that count alike): a request it allows may lengthen
-    /// the wait of a denial the cache holds for another.
+    /// Whether another policy spends the same budget keys with a higher
+    /// limit (a zone's rule on another route, another group counting
+    /// alike): it may be allowed, on any replica, while this one denies, and
+    /// lengthen the wait, so this policy's denials are not cached (but
+    /// blocks).
     pub(crate) shared: bool,
     /// Sorted by duration, shortest first.
     pub(crate) windows: Arc<[Window]>,
@@ -1247,6 +1249,38 @@ fn literal_prefix(pattern: &str) -> Option<&str> {
     literal.chars().all(plain).then_some(literal)
 }
 
+/// Marks the policies whose budget another policy (a zone's rule on
+/// another route, another group of the route counting alike) may spend
+/// while this one denies: one with a higher limit for a window of the same
+/// length. See [`Policy::shared`].
+fn mark_shared(routes: &mut [CompiledRoute]) {
+    let policies: Vec<(Box<str>, Arc<[Window]>)> = routes
+        .iter()
+        .flat_map(|r| r.rules.iter())
+        .filter_map(|r| r.policy.as_ref())
+        .map(|p| (p.budget.clone(), p.windows.clone()))
+        .collect();
+    for rule in routes.iter_mut().flat_map(|r| r.rules.iter_mut()) {
+        let Some(policy) = rule.policy.as_mut() else {
+            continue;
+        };
+        let higher = policies.iter().any(|(budget, windows)| {
+            *budget == policy.budget
+                && windows.iter().any(|w| {
+                    policy
+                        .windows
+                        .iter()
+                        .any(|own| own.micros() == w.micros() && own.limit() < w.limit())
+                })
+        });
+        // (Made just above, not shared yet: `get_mut` finds it alone. A
+        // policy it missed would only keep its denials in the cache.)
+        if let Some(policy) = Arc::get_mut(policy) {
+            policy.shared = higher;
+        }
+    }
+}
+
 /// What a rule's policy takes from its route.
 struct RouteContext<'a> {
     id: &'a str,
@@ -1264,27 +1298,6 @@ struct RouteContext<'a> {
 /// encoded group appended (`/` is in no encoding or route id). A user whose
 /// group changes between requests would otherwise meet a state laid out
 /// for other windows, which the stores would read as nothing counted.
-/// Marks the policies whose budget key another policy spends too (a zone's
-/// rules, a route's groups that count alike): see [`Policy::shared`].
-fn mark_shared(routes: &mut [CompiledRoute]) {
-    let mut counts = std::collections::HashMap::<Box<str>, usize>::new();
-    let policies = |routes: &[CompiledRoute]| -> Vec<Box<str>> {
-        routes
-            .iter()
-            .flat_map(|r| r.rules.iter())
-            .filter_map(|r| r.policy.as_ref().map(|p| p.budget.clone()))
-            .collect()
-    };
-    for budget in policies(routes) {
-        *counts.entry(budget).or_default() += 1;
-    }
-    for rule in routes.iter_mut().flat_map(|r| r.rules.iter_mut()) {
-        if let Some(policy) = rule.policy.as_mut().and_then(Arc::get_mut) {
-            policy.shared = counts.get(&policy.budget).is_some_and(|&n| n > 1);
-        }
-    }
-}
-
 fn split_by_group(rules: &mut [CompiledRule]) {
     let shape = Policy::shape;
     let mut differs: Vec<Box<str>> = Vec::new();

@@ -568,14 +568,6 @@ impl<St: Store, I> Shared<St, I> {
             });
             #[cfg(feature = "metrics")]
             observe::near_limit(&decision);
-            // (A zone's other route, or another group, spent from a budget
-            // whose denial the cache may hold for its own policy: that
-            // denial now waits longer than the entry says.)
-            if policy.shared {
-                if let Some(cache) = &self.state.denials {
-                    cache.forget(checked.budget);
-                }
-            }
             if let (Some(hook), false) = (&options.adjust, via == Outcome::Fallback) {
                 return Verdict::PassThen(Some(headers), self.after(hook, &checked));
             }
@@ -707,12 +699,21 @@ impl<St: Store, I> Shared<St, I> {
         observe::outcome(&policy.route, checked.budget, outcome, || {
             (remaining(&decision), checked.latency())
         });
+        // A request that costs more than a window's limit can never pass:
+        // it is told no wait.
+        let never = decision.exceeds_limit(checked.cost);
         // Only an asynchronous store's denials are cached (a store that
         // answers at once is as fast as the cache), from when it was asked:
         // an entry may end a little early, which only sends a request to
-        // the store.
-        if let (Outcome::Denied, Some(cache), Some(asked)) =
-            (outcome, &self.state.denials, checked.asked)
+        // the store. And only those whose wait nothing but time changes: a
+        // block, a request that never passes, and a denial of cost 1 (with
+        // no slot free, no request spends) on a budget no other policy may
+        // spend with a higher limit. A costlier request waits longer once
+        // a cheaper one passes, and a sibling policy's requests, on any
+        // replica, make this one's wait longer as they pass.
+        let exact = decision.is_blocked() || never || (checked.cost <= 1 && !policy.shared);
+        if let (Outcome::Denied, Some(cache), Some(asked), true) =
+            (outcome, &self.state.denials, checked.asked, exact)
         {
             cache.insert(
                 checked.budget,
@@ -723,9 +724,6 @@ impl<St: Store, I> Shared<St, I> {
                 headers.shows_every_window(),
             );
         }
-        // A request that costs more than a window's limit can never pass:
-        // it is told no wait.
-        let never = decision.exceeds_limit(checked.cost);
         let response = match &options.on_blocked {
             Some(f) => f(&decision),
             None if decision::is_grpc(request) => decision::grpc(

@@ -562,11 +562,13 @@ async fn denials_are_served_from_the_local_cache_until_their_wait_ends() {
     assert_eq!(store.calls(), 10);
 }
 
-/// A zone's other route spending the shared budget lengthens the wait of a
-/// denial cached for this route: the cache forgets it, and the next denial
-/// tells the wait the store would.
+/// A zone's other route with a higher limit spends the shared budget while
+/// this route's requests are denied, on this replica or another, and
+/// lengthens their wait: their denials are not cached, and each tells the
+/// wait the store would. (The higher-limited route's own denials are: no
+/// request of the zone passes while they hold.)
 #[tokio::test]
-async fn a_zone_spent_by_another_route_refreshes_a_cached_denial() {
+async fn a_zone_spent_by_another_route_is_not_answered_from_the_cache() {
     let rules = || {
         Rules::builder()
             .route("^/a", [Rule::new().zone("z").minute(5)])
@@ -595,6 +597,60 @@ async fn a_zone_spent_by_another_route_refreshes_a_cached_denial() {
             a.header("x-ratelimit-reset"),
             b.header("x-ratelimit-reset"),
             "{path}"
+        );
+    }
+    // (Every request asked the store.)
+    assert_eq!(store.calls(), 7);
+    // /a, the higher limit: its denial is kept.
+    for _ in 0..3 {
+        assert_eq!(
+            cached.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(store.calls(), 8);
+}
+
+/// A costly request's wait grows when a cheaper one passes meanwhile: its
+/// denial is not cached, and the next one tells the wait the store would.
+#[tokio::test]
+async fn a_costly_denial_is_not_answered_from_the_cache() {
+    fn cost(head: &http::request::Parts) -> u32 {
+        head.headers
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    }
+    let store = Flaky::default();
+    let cached = App::with(one(Rule::new().minute(5)), store.clone(), |l| l.cost(cost));
+    let direct = App::with(one(Rule::new().minute(5)), MemoryStore::new(), |l| {
+        l.cost(cost)
+    });
+    let request = |cost: u32| {
+        Request::builder()
+            .uri("/a")
+            .header("x-user", "u")
+            .header("x-cost", cost.to_string())
+            .body(Body::empty())
+            .unwrap()
+    };
+    for (step_ms, cost) in [
+        (0, 1),
+        (20_000, 1),
+        (10_000, 2),
+        (10_000, 3),
+        (5_000, 1),
+        (0, 3),
+    ] {
+        cached.advance_ms(step_ms);
+        direct.advance_ms(step_ms);
+        let a = cached.send_request(request(cost)).await;
+        let b = direct.send_request(request(cost)).await;
+        assert_eq!(a.status, b.status, "cost {cost}");
+        assert_eq!(
+            a.header("retry-after"),
+            b.header("retry-after"),
+            "cost {cost}"
         );
     }
 }
@@ -676,7 +732,9 @@ async fn a_cached_denial_reports_what_the_store_would() {
 #[tokio::test]
 async fn a_cached_denial_serves_only_the_rule_that_was_denied() {
     // Two routes share a zone's budget with other limits: a denial on the
-    // stricter one says nothing of the other.
+    // stricter one says nothing of the other, whose requests may pass and
+    // lengthen the stricter one's wait (so its denials are not kept); the
+    // laxer one's denial holds for both.
     let store = Flaky::default();
     let rules = Rules::builder()
         .route("^/a", [Rule::new().zone("z").second(1)])
@@ -691,14 +749,20 @@ async fn a_cached_denial_serves_only_the_rule_that_was_denied() {
             StatusCode::TOO_MANY_REQUESTS
         );
     }
-    assert_eq!(store.calls(), 2, "the repeats came from the cache");
-    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
-    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
     assert_eq!(
-        app.get("/b", "u").await.status,
-        StatusCode::TOO_MANY_REQUESTS
+        store.calls(),
+        4,
+        "the stricter route's denials asked the store"
     );
-    assert_eq!(store.calls(), 5);
+    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
+    assert_eq!(app.get("/b", "u").await.status, StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(
+            app.get("/b", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(store.calls(), 7, "the repeats came from the cache");
 }
 
 /// A store that says no and gives no wait.
