@@ -278,7 +278,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .timeout(timeout)
             .build()
             .await
-            .map_err(|e| bad_url("--redis", url, e, REDIS_URLS))?;
+            .map_err(|e| bad_url("--redis", &redacted(url), e, REDIS_URLS))?;
         tracing::info!("store: redis {}", redacted(url));
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_sentinel {
@@ -287,11 +287,11 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .timeout(timeout)
             .build()
             .await
-            .map_err(|e| bad_url("--redis-sentinel", &urls.join(","), e, SENTINEL_URLS))?;
+            .map_err(|e| bad_url("--redis-sentinel", &redact_all(urls), e, SENTINEL_URLS))?;
         tracing::info!(
             "store: redis master `{}` through sentinels {}",
             args.sentinel_master,
-            redacted(&urls.join(","))
+            redact_all(urls)
         );
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_cluster {
@@ -300,8 +300,8 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .timeout(timeout)
             .build()
             .await
-            .map_err(|e| bad_url("--redis-cluster", &urls.join(","), e, CLUSTER_URLS))?;
-        tracing::info!("store: redis cluster {}", redacted(&urls.join(",")));
+            .map_err(|e| bad_url("--redis-cluster", &redact_all(urls), e, CLUSTER_URLS))?;
+        tracing::info!("store: redis cluster {}", redact_all(urls));
         serve(&args, config, loaded, store, mode, proxies).await
     } else {
         tracing::info!("store: memory");
@@ -309,21 +309,27 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
     }
 }
 
-/// The error of a Redis flag the store refused: the flag, its URL (without
-/// a password) and the store's reason, and, for a URL it could not read,
-/// the URLs it takes. (A store that cannot connect is no error: it keeps
-/// trying in the background. One whose server is set up otherwise, such as
-/// a wrong password or a Cluster node given to `--redis`, is, and its URL
-/// was fine.)
+/// The error of a Redis flag the store refused: the flag, its URL (given
+/// here without its password) and the store's reason, and, for a URL it
+/// could not read, the URLs it takes. (A store that cannot connect is no
+/// error: it keeps trying in the background. One whose server is set up
+/// otherwise, such as a wrong password or a Cluster node given to
+/// `--redis`, is, and its URL was fine.)
 fn bad_url(flag: &str, url: &str, error: StoreError, expected: &str) -> Box<dyn std::error::Error> {
     let unreadable = error.to_string().contains("invalid redis");
     match error.kind() {
-        StoreErrorKind::Config if unreadable => {
-            format!("{flag} {}: {error}; {expected}", redacted(url)).into()
-        }
-        StoreErrorKind::Config => format!("{flag} {}: {error}", redacted(url)).into(),
+        StoreErrorKind::Config if unreadable => format!("{flag} {url}: {error}; {expected}").into(),
+        StoreErrorKind::Config => format!("{flag} {url}: {error}").into(),
         _ => error.into(),
     }
+}
+
+/// A list of URLs for the log, each without its password.
+fn redact_all(urls: &[String]) -> String {
+    urls.iter()
+        .map(|url| redacted(url))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Warns about a rule table that is valid but most likely not what was

@@ -2005,31 +2005,76 @@ fn not_connected() -> StoreError {
     )
 }
 
-/// `url` with the password of its user part, if any, replaced by `***`,
-/// for errors and logs.
+/// `url` with its password, if any, replaced by `***`, for errors and
+/// logs: the user part's (everything up to the last `@`, so that a
+/// password holding `/`, `?` or `#`, which a URL that does not parse may
+/// have, is covered too; it may cover more) and a `pass` or `password`
+/// in the query (a Unix socket's).
 ///
 /// ```
 /// use tower_ratelimit::store::redis::redacted;
 ///
 /// assert_eq!(redacted("redis://app:s3cret@db:6379/0"), "redis://app:***@db:6379/0");
-/// assert_eq!(redacted("redis://:s3cret@db"), "redis://:***@db");
+/// assert_eq!(redacted("redis://:s3/c#ret@db"), "redis://:***@db");
+/// assert_eq!(redacted("unix:///run/redis.sock?db=1&pass=s3cret"), "unix:///run/redis.sock?db=1&pass=***");
+/// assert_eq!(redacted("redis://u:pa/ss@db/0"), "redis://u:***@db/0");
 /// assert_eq!(redacted("redis://db:6379"), "redis://db:6379");
+/// // (Never the password, if at the price of more: an `@` in the query.)
+/// assert!(!redacted("unix:///s?pass=s3cret&user=a@b").contains("s3cret"));
 /// ```
 pub fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.into();
     };
-    // (The user part ends at the authority's last `@`; a path may hold
-    // `@` too, after the first `/`.)
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    let Some((user, host)) = authority.rsplit_once('@') else {
-        return url.into();
+    let mut out = format!("{scheme}://");
+    let mut changed = false;
+    let after = match rest.rsplit_once('@') {
+        Some((user, after)) => {
+            // (A name, when what comes before the first `:` looks like one.)
+            match user.split_once(':') {
+                Some((name, _)) if !name.contains(['/', '?', '#']) => {
+                    out.push_str(name);
+                    out.push_str(":***@");
+                }
+                Some(_) => out.push_str("***@"),
+                None if user.contains(['/', '?', '#']) => out.push_str("***@"),
+                None => {
+                    out.push_str(user);
+                    out.push('@');
+                }
+            }
+            changed = out.contains("***");
+            after
+        }
+        None => rest,
     };
-    let Some((name, _password)) = user.split_once(':') else {
-        return url.into();
-    };
-    let tail = &rest[authority.len()..];
-    format!("{scheme}://{name}:***@{host}{tail}").into()
+    match after.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            for (i, pair) in query.split('&').enumerate() {
+                if i > 0 {
+                    out.push('&');
+                }
+                match pair.split_once('=') {
+                    Some((key, _))
+                        if key.eq_ignore_ascii_case("pass")
+                            || key.eq_ignore_ascii_case("password") =>
+                    {
+                        out.push_str(key);
+                        out.push_str("=***");
+                        changed = true;
+                    }
+                    _ => out.push_str(pair),
+                }
+            }
+        }
+        None => out.push_str(after),
+    }
+    match changed {
+        true => out.into(),
+        false => url.into(),
+    }
 }
 
 fn config_error(message: impl Into<String>) -> StoreError {
