@@ -205,15 +205,9 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Box<dyn Iterator<Item = String> +
     };
     if rfc7239 {
         Box::new(lines(http::header::FORWARDED).flat_map(|line| {
-            line.rsplit(',')
-                .map(|element| {
-                    element
-                        .split(';')
-                        .filter_map(|pair| pair.split_once('='))
-                        .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
-                        .map(|(_, v)| v.trim().trim_matches('"').to_owned())
-                        .unwrap_or_default()
-                })
+            split_unquoted(&line, ',', true)
+                .into_iter()
+                .map(for_value)
                 .collect::<Vec<_>>()
         }))
     } else {
@@ -225,6 +219,80 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Box<dyn Iterator<Item = String> +
             }),
         )
     }
+}
+
+/// The parts of `text` between the `separator`s that lie outside quoted
+/// strings (RFC 7230 `quoted-string`, with `\` escapes), the rightmost
+/// first when `from_right`. Read from the right, a `Forwarded` line keeps
+/// the elements a proxy appended whole whatever a client wrote left of
+/// them, an unclosed quote included: quotes are matched from the end,
+/// where the proxy's well-formed element lies.
+fn split_unquoted(text: &str, separator: char, from_right: bool) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    // (A quote is escaped when an odd number of backslashes precede it.)
+    let escaped = |i: usize| bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
+    let mut parts = Vec::new();
+    let mut quoted = false;
+    if from_right {
+        let mut end = text.len();
+        for (i, c) in text.char_indices().rev() {
+            match c {
+                '"' if !escaped(i) => quoted = !quoted,
+                c if c == separator && !quoted => {
+                    parts.push(&text[i + 1..end]);
+                    end = i;
+                }
+                _ => {}
+            }
+        }
+        parts.push(&text[..end]);
+    } else {
+        let mut start = 0;
+        for (i, c) in text.char_indices() {
+            match c {
+                '"' if !escaped(i) => quoted = !quoted,
+                c if c == separator && !quoted => {
+                    parts.push(&text[start..i]);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        parts.push(&text[start..]);
+    }
+    parts
+}
+
+/// The `for=` value of one `Forwarded` element (`for=1.2.3.4;proto=http`),
+/// unquoted and unescaped; empty without one. Pairs are split outside
+/// quoted strings, so a `for=` inside another pair's quoted value (a
+/// `host="x;for=6.6.6.6"` a client wrote and a proxy copied) is no pair.
+fn for_value(element: &str) -> String {
+    split_unquoted(element, ';', false)
+        .into_iter()
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
+        .map(|(_, v)| unquote(v.trim()))
+        .unwrap_or_default()
+}
+
+/// A token as it is, a quoted string without its quotes and escapes.
+fn unquote(value: &str) -> String {
+    let Some(inner) = value
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+    else {
+        return value.to_owned();
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// An address from a hop: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
@@ -371,6 +439,31 @@ mod tests {
             ("forwarded", "for=198.51.100.7"),
         ]);
         assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
+    }
+
+    /// Quoted strings are values, not structure: a `for=` a client hides in
+    /// another parameter's quoted value (a `host` a proxy copies into its
+    /// own element), or behind a quote it leaves open left of the proxy's
+    /// element, never names the client.
+    #[test]
+    fn a_for_inside_a_quoted_string_is_no_hop() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap().rfc7239();
+        let client = |line: &str| f.client(ip("10.0.0.1"), &headers(&[("forwarded", line)]));
+        for line in [
+            r#"proto=http;host="x;for=6.6.6.1";for=198.51.100.7"#,
+            r#"for=198.51.100.7;host="x,for=6.6.6.2""#,
+            r#"for=198.51.100.7;host="x\";for=6.6.6.3""#,
+            r#"for="6.6.6.4, for=198.51.100.7"#,
+            r#"host="a\"b", for=198.51.100.7"#,
+        ] {
+            assert_eq!(client(line), Client::Ip(ip("198.51.100.7")), "{line}");
+        }
+        // A quoted value is unquoted and unescaped.
+        assert_eq!(
+            client(r#"for="[2001:db8::1]:80";host="a;b""#),
+            Client::Ip(ip("2001:db8::1"))
+        );
+        assert_eq!(client(r#"for="_hid\den""#), Client::Token("_hidden".into()));
     }
 
     #[test]
