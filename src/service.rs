@@ -389,6 +389,7 @@ impl<St: Store, I> Shared<St, I> {
         };
         let options = &self.options;
         let cost = options.cost.as_ref().map_or(1, |f| f(head));
+        let cost = crate::rules::checked_cost(policy.algorithm, cost);
         let mut key = key::KeyBuf::new();
         let budget = key.write(&policy.budget, identity.user());
         let mut checked = Checked {

@@ -198,9 +198,11 @@ impl CheckRef<'_> {
     /// `Ok` when the built-in stores can decide this check: at most
     /// [`MAX_WINDOWS`] windows of the user's and as many route-wide, and
     /// for a sliding log no window allowing more than
-    /// [`MAX_LOG_LIMIT`](crate::rules::MAX_LOG_LIMIT) (the layer's rules
-    /// never make such checks; one made by hand might, and would have a
-    /// store write an entry per unit of a cost that large).
+    /// [`MAX_LOG_LIMIT`](crate::rules::MAX_LOG_LIMIT) and no cost above
+    /// [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST) that its windows could
+    /// allow (the layer never makes such checks; one made by hand might,
+    /// and would have a store write an entry per unit of a cost that
+    /// large).
     ///
     /// ```
     /// use std::time::Duration;
@@ -234,8 +236,29 @@ impl CheckRef<'_> {
         {
             return Err(log_too_long());
         }
+        // (One that costs more than a limit writes nothing: refused as such
+        // by the store.)
+        if self.algorithm == Algorithm::SlidingLog
+            && self.cost > crate::rules::MAX_LOG_COST
+            && self.windows.iter().all(|w| self.cost <= w.limit())
+        {
+            return Err(log_cost_too_high(self.cost));
+        }
         Ok(())
     }
+}
+
+/// (Out of line: the layer never gets here.)
+#[cold]
+#[inline(never)]
+fn log_cost_too_high(cost: u32) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        format!(
+            "a sliding-log request may cost at most {} (its store writes an entry per unit), not {cost}",
+            crate::rules::MAX_LOG_COST
+        ),
+    )
 }
 
 /// (Out of line: the layer never gets here.)

@@ -2211,6 +2211,10 @@ impl RedisStore {
         adjustment: Adjustment,
     ) -> Result<(), StoreError> {
         let n = match adjustment {
+            // (A sliding log writes an entry per unit: at most MAX_LOG_COST.)
+            Adjustment::Penalty(n) if check.algorithm == Algorithm::SlidingLog => {
+                i64::from(n.min(crate::rules::MAX_LOG_COST))
+            }
             Adjustment::Penalty(n) => i64::from(n),
             Adjustment::Refund(n) => -i64::from(n),
         };

@@ -147,7 +147,10 @@ pub(crate) fn adjust(log: &mut Log, windows: &[Window], adjustment: Adjustment, 
         Adjustment::Penalty(n) => {
             let most = windows.iter().map(Window::limit).max().unwrap_or(0);
             let room = (2 * u64::from(most)).saturating_sub(log.len() as u64);
-            let n = u32::try_from(room).unwrap_or(u32::MAX).min(n.min(most));
+            let n = u32::try_from(room)
+                .unwrap_or(u32::MAX)
+                .min(n.min(most))
+                .min(crate::rules::MAX_LOG_COST);
             if n > 0 {
                 push(log, now, n);
             }

@@ -35,6 +35,7 @@ macro_rules! conformance_suite {
             a_block_shorter_than_the_wait_reports_the_wait,
             a_costly_denial_blocks_for_the_block_time,
             cost_is_spent_exactly,
+            a_sliding_log_request_beyond_the_cost_cap_writes_nothing,
             adjustments_penalize_and_refund,
             adjustments_reach_the_user_alone,
         );
@@ -924,6 +925,58 @@ pub async fn cost_is_spent_exactly<St: Store>(store: impl std::future::Future<Ou
         // A cost above the limit can never pass.
         let huge = app.send_request(with_cost(6)).await;
         assert_eq!(huge.status, StatusCode::TOO_MANY_REQUESTS, "{algorithm:?}");
+    }
+}
+
+/// A sliding-log request may cost at most `MAX_LOG_COST` (each unit is an
+/// entry the store writes): a costlier one, within the limit or not, is
+/// answered as one that never passes (a 429 without `Retry-After`) and
+/// writes nothing; the other algorithms take any cost within the limit.
+pub async fn a_sliding_log_request_beyond_the_cost_cap_writes_nothing<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    use tower_ratelimit::rules::MAX_LOG_COST;
+    let store = std::sync::Arc::new(store.await);
+    for algorithm in ALGORITHMS {
+        let rules = one_route("^/a", [Rule::new().minute(1_000_000).algorithm(algorithm)]);
+        let app = App::with(rules, store.clone(), |l| {
+            l.cost(|head| {
+                head.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+        });
+        let user = format!("cap-{}", algorithm.as_str());
+        let with_cost = |cost: u32| {
+            http::Request::builder()
+                .uri("/a")
+                .header("x-user", user.as_str())
+                .header("x-cost", cost.to_string())
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let at_cap = app.send_request(with_cost(MAX_LOG_COST)).await;
+        assert_eq!(at_cap.status, StatusCode::OK, "{algorithm:?}");
+        let beyond = app.send_request(with_cost(MAX_LOG_COST + 1)).await;
+        let spent = match algorithm {
+            Algorithm::SlidingLog => {
+                assert_eq!(beyond.status, StatusCode::TOO_MANY_REQUESTS);
+                assert_eq!(beyond.header("retry-after"), None);
+                MAX_LOG_COST
+            }
+            _ => {
+                assert_eq!(beyond.status, StatusCode::OK, "{algorithm:?}");
+                2 * MAX_LOG_COST + 1
+            }
+        };
+        let next = app.send_request(with_cost(1)).await;
+        assert_eq!(next.status, StatusCode::OK, "{algorithm:?}");
+        assert_eq!(
+            next.number("x-ratelimit-remaining"),
+            u64::from(1_000_000 - spent - 1),
+            "{algorithm:?}"
+        );
     }
 }
 
