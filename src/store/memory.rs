@@ -17,7 +17,10 @@
 //!   the shard holds its share of 16,384 budgets (so a budget that
 //!   empties between its requests, such as a token bucket far from its
 //!   limit, is found again rather than removed and made anew, as long as
-//!   the store holds fewer budgets than that); and
+//!   the store holds fewer budgets than that);
+//! - inside any check of a shard that has not swept for a minute, so that
+//!   budgets whose windows passed do not hold memory for good in a store
+//!   too small to double (a burst of identities that ended); and
 //! - on demand, with [`MemoryStore::sweep`] (e.g. from a periodic task).
 //!
 //! After a sweep, a budget whose windows are empty holds no memory.
@@ -43,6 +46,12 @@ const KEPT_BUDGETS: usize = 16_384;
 
 /// A shard never sweeps below this many budgets.
 const MIN_SWEEP_LEN: usize = 64;
+
+/// A shard also sweeps at its first check this long after its last sweep,
+/// whatever its size, so that budgets whose windows have passed (a flood
+/// of identities that ended, a burst that grew a log) do not hold memory
+/// until the table doubles again, which it may never do (microseconds).
+const SWEEP_EVERY: u64 = 60_000_000;
 
 /// An exact in-process store; clones share the same budgets.
 ///
@@ -107,6 +116,9 @@ struct ShardState {
     sweep_at: usize,
     /// The least `sweep_at`: this shard's share of [`KEPT_BUDGETS`].
     floor: usize,
+    /// Sweep at the first check at or after this time (microseconds), if
+    /// none did since: see [`SWEEP_EVERY`].
+    sweep_by: u64,
 }
 
 /// A budget in a shard's table: 120 bytes, aligned on 128 so that finding
@@ -408,6 +420,7 @@ impl MemoryStore {
                     table: HashTable::new(),
                     sweep_at: floor,
                     floor,
+                    sweep_by: 0,
                 }))
             })
             .collect();
@@ -492,6 +505,9 @@ impl MemoryStore {
         let user_shard = self.shard_of(hash);
         let Some(global) = check.global else {
             let mut shard = lock(&inner.shards[user_shard]);
+            if now >= shard.sweep_by {
+                shard.sweep_now(now);
+            }
             if let Some(entry) = shard.table.find_mut(hash, |e| e.budget.is(check.budget)) {
                 return entry.decide(check, None, now);
             }
@@ -567,7 +583,7 @@ impl ShardState {
     /// Inserts an entry that is not in the table, sweeping first when the
     /// table has doubled since the last sweep (and holds its floor).
     fn insert(&mut self, entry: Entry, now: u64) {
-        if self.table.len() + 1 >= self.sweep_at {
+        if self.table.len() + 1 >= self.sweep_at || now >= self.sweep_by {
             self.sweep(now);
         }
         self.table.insert_unique(entry.hash, entry, |e| e.hash);
@@ -579,6 +595,15 @@ impl ShardState {
             self.table.shrink_to_fit(|e| e.hash);
         }
         self.sweep_at = (2 * self.table.len()).max(self.floor);
+        self.sweep_by = now.saturating_add(SWEEP_EVERY);
+    }
+
+    /// [`sweep`](Self::sweep) from a check's path, once a period (out of
+    /// line: rare).
+    #[cold]
+    #[inline(never)]
+    fn sweep_now(&mut self, now: u64) {
+        self.sweep(now);
     }
 }
 
@@ -643,6 +668,44 @@ mod tests {
         assert!(store.is_empty());
     }
 
+    /// A store far below the size at which its shards sweep as they grow
+    /// (a few budgets, once large, whose windows have passed) still frees
+    /// them: a shard sweeps at its first check a minute after its last.
+    #[test]
+    fn a_shard_sweeps_a_minute_after_its_last_sweep() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let windows: Arc<[Window]> = [Window::new(Duration::from_secs(1), 5).unwrap()].into();
+        let check = |user: &str| {
+            store.decide(
+                &Check::new(format!("r:{user}"), windows.clone())
+                    .at(clock.now())
+                    .as_ref(),
+            )
+        };
+        for user in 0..1000 {
+            assert!(check(&user.to_string()).allowed());
+        }
+        // Their windows passed, but no shard has swept since.
+        clock.advance(Duration::from_secs(30));
+        assert!(check("x").allowed());
+        assert_eq!(store.len(), 1001);
+        // A minute after the shards' first sweep, one check sweeps its own.
+        clock.advance(Duration::from_secs(31));
+        assert!(check("x").allowed());
+        let held = store.len();
+        assert!(held < 1000, "{held} budgets held");
+        // Checks reaching every shard free every dead budget.
+        for user in 0..1000 {
+            check(&format!("y{user}"));
+        }
+        clock.advance(Duration::from_secs(2));
+        for user in 0..100 {
+            check(&format!("z{user}"));
+        }
+        assert!(store.len() <= 1100 + 16, "{}", store.len());
+    }
+
     #[test]
     fn automatic_sweeps_bound_the_table() {
         let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
@@ -672,16 +735,17 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         let windows: Arc<[Window]> = [Window::new(Duration::from_secs(1), 1_000).unwrap()].into();
         // 5,000 users, each budget empty a millisecond after its request
-        // (a bucket of 1,000 a second, far from its limit), requests 10 ms
+        // (a bucket of 1,000 a second, far from its limit), requests 2 ms
         // apart: found again at the next round, not swept and made anew
-        // (nor twice).
+        // (nor twice). (Within the minute after which a shard sweeps
+        // anyway: 30 s in all.)
         for _ in 0..3 {
             for user in 0..5_000u32 {
                 let check = Check::new(format!("r:{user}"), windows.clone())
                     .with_algorithm(Algorithm::TokenBucket)
                     .at(clock.now());
                 assert!(store.decide(&check.as_ref()).allowed());
-                clock.advance(Duration::from_millis(10));
+                clock.advance(Duration::from_millis(2));
             }
             assert_eq!(store.len(), 5_000);
         }
