@@ -164,7 +164,7 @@ impl ForwardedIp {
         }
         self.warn_of_the_other_header(headers);
         let mut nearest = Client::Ip(peer);
-        for hop in hops(headers, self.rfc7239).take(MAX_HOPS) {
+        for hop in hops(headers, self.rfc7239) {
             match parse_hop(&hop) {
                 Some(ip) if self.trusts(ip) => nearest = Client::Ip(ip),
                 Some(ip) => return Client::Ip(ip),
@@ -194,31 +194,29 @@ pub enum Client {
 /// entries. Several header lines are one list, in order. A line is decoded
 /// byte by byte (an invalid byte becomes U+FFFD): a client's bad byte, left
 /// of what a proxy appended, spoils only the client's own hop.
-fn hops(headers: &HeaderMap, rfc7239: bool) -> Box<dyn Iterator<Item = String> + '_> {
-    let lines = |name: http::HeaderName| {
-        let values: Vec<String> = headers
-            .get_all(name)
-            .iter()
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .collect();
-        values.into_iter().rev()
+/// At most [`MAX_HOPS`], read from the right: the lines left of them are
+/// not decoded, nor their hops split, so a chain of any length costs no
+/// more than one of that many hops.
+fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
+    let name = match rfc7239 {
+        true => http::header::FORWARDED,
+        false => http::HeaderName::from_static("x-forwarded-for"),
     };
-    if rfc7239 {
-        Box::new(lines(http::header::FORWARDED).flat_map(|line| {
-            split_unquoted(&line, ',', true)
-                .into_iter()
-                .map(for_value)
-                .collect::<Vec<_>>()
-        }))
-    } else {
-        Box::new(
-            lines(http::HeaderName::from_static("x-forwarded-for")).flat_map(|line| {
-                line.rsplit(',')
-                    .map(|hop| hop.trim().to_owned())
-                    .collect::<Vec<_>>()
-            }),
-        )
+    let mut hops = Vec::new();
+    for value in headers.get_all(name).iter().rev() {
+        let left = MAX_HOPS - hops.len();
+        let line = String::from_utf8_lossy(value.as_bytes());
+        if rfc7239 {
+            let elements = split_unquoted(&line, ',', true, left);
+            hops.extend(elements.into_iter().map(for_value));
+        } else {
+            hops.extend(line.rsplit(',').take(left).map(|hop| hop.trim().to_owned()));
+        }
+        if hops.len() >= MAX_HOPS {
+            break;
+        }
     }
+    hops
 }
 
 /// The parts of `text` between the `separator`s that lie outside quoted
@@ -227,7 +225,7 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Box<dyn Iterator<Item = String> +
 /// the elements a proxy appended whole whatever a client wrote left of
 /// them, an unclosed quote included: quotes are matched from the end,
 /// where the proxy's well-formed element lies.
-fn split_unquoted(text: &str, separator: char, from_right: bool) -> Vec<&str> {
+fn split_unquoted(text: &str, separator: char, from_right: bool, most: usize) -> Vec<&str> {
     let bytes = text.as_bytes();
     // (A quote is escaped when an odd number of backslashes precede it.)
     let escaped = |i: usize| bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
@@ -241,6 +239,9 @@ fn split_unquoted(text: &str, separator: char, from_right: bool) -> Vec<&str> {
                 c if c == separator && !quoted => {
                     parts.push(&text[i + 1..end]);
                     end = i;
+                    if parts.len() >= most {
+                        return parts;
+                    }
                 }
                 _ => {}
             }
@@ -268,7 +269,7 @@ fn split_unquoted(text: &str, separator: char, from_right: bool) -> Vec<&str> {
 /// quoted strings, so a `for=` inside another pair's quoted value (a
 /// `host="x;for=6.6.6.6"` a client wrote and a proxy copied) is no pair.
 fn for_value(element: &str) -> String {
-    split_unquoted(element, ';', false)
+    split_unquoted(element, ';', false, usize::MAX)
         .into_iter()
         .filter_map(|pair| pair.split_once('='))
         .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
@@ -296,13 +297,23 @@ fn unquote(value: &str) -> String {
 }
 
 /// An address from a hop: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
-/// `[2001:db8::1]`, `[2001:db8::1]:80`.
+/// `[2001:db8::1]`, `[2001:db8::1]:80`; an IPv6 address's zone
+/// (`fe80::1%eth0`) is left out, as it names the proxy's interface, not
+/// the client.
 fn parse_hop(hop: &str) -> Option<IpAddr> {
     if let Ok(ip) = hop.parse::<IpAddr>() {
         return Some(ip);
     }
+    let unzoned = |addr: &str| -> Option<IpAddr> {
+        let (addr, _zone) = addr.split_once('%').unwrap_or((addr, ""));
+        addr.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
+    };
     if let Some(rest) = hop.strip_prefix('[') {
-        return rest.split_once(']')?.0.parse().ok();
+        let inner = rest.split_once(']')?.0;
+        return inner.parse().ok().or_else(|| unzoned(inner));
+    }
+    if hop.contains('%') {
+        return unzoned(hop);
     }
     let (host, port) = hop.rsplit_once(':')?;
     port.parse::<u16>().ok()?;
@@ -498,6 +509,19 @@ mod tests {
             HeaderValue::from_bytes(b"1.2.3.4\xff").unwrap(),
         );
         assert!(matches!(f.client(ip("10.0.0.1"), &h), Client::Token(_)));
+    }
+
+    #[test]
+    fn an_ipv6_zone_is_left_out() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        for hop in ["fe80::1%eth0", "[fe80::1%eth0]:80", "[fe80::1%25eth0]"] {
+            let h = headers(&[("x-forwarded-for", hop)]);
+            assert_eq!(
+                f.client(ip("10.0.0.1"), &h),
+                Client::Ip(ip("fe80::1")),
+                "{hop}"
+            );
+        }
     }
 
     #[test]
