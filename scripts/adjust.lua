@@ -76,18 +76,11 @@ if layout == 1 then
   if n > 0 then
     local add = room(live)
     if add == 0 then return fmt('%d', live) end
-    local later = redis.call('ZRANGEBYSCORE', key, fmt('%d', now), '+inf')
-    for i = 1, #later do later[i] = later[i] + 0 end
-    local out = merged(later, add)
-    for i = 1, #out, 256 do
-      local args = { 'NX' }
-      for j = i, math.min(i + 255, #out) do
-        local e = fmt('%d', out[j])
-        args[#args + 1] = e
-        args[#args + 1] = e
-      end
-      redis.call('ZADD', key, unpack(args))
-    end
+    -- (The first free microseconds at or after now, as a check takes
+    -- them: past a run of taken ones with one search, not by reading the
+    -- entries from now on, which a burst ahead of the clock makes as many
+    -- as the limit.)
+    add_entries(key, now, add)
     live = live + add
   else
     local drop = math.min(-n, live)

@@ -1712,7 +1712,51 @@ async fn a_window_that_cannot_deny_is_not_searched_for_the_x_headers() {
     );
 }
 
-/// The same on the packed layout: after a cost-10,000 request, one more
+/// A penalty on the sorted-set layout after a run ahead of the clock (a
+/// burst of costly requests at one instant) takes the first free
+/// microseconds past the run with one search: it neither reads the run
+/// nor writes it back (a run of up to the limit's length would have held
+/// Redis for as long as a million entries take).
+#[tokio::test]
+async fn a_penalty_after_a_run_ahead_of_the_clock_reads_none_of_it() {
+    use tower_ratelimit::clock::Timestamp;
+    use tower_ratelimit::rules::MAX_LOG_COST;
+    use tower_ratelimit::{Adjustment, Check, Store, Window};
+    let server = RedisServer::start();
+    let store = own_store(&server).await;
+    // (Six windows: the general script, whose log is a sorted set.)
+    let windows: Vec<Window> = [1, 10, 60, 600, 3600, 86_400]
+        .iter()
+        .map(|&s| Window::new(Duration::from_secs(s), 100_000).unwrap())
+        .collect();
+    let check = Check::new("r1:u", windows).at(Timestamp::from_micros(START));
+    for _ in 0..10 {
+        let d = store
+            .check(check.clone().with_cost(MAX_LOG_COST))
+            .await
+            .unwrap();
+        assert!(d.allowed());
+    }
+    let (ranges, adds) = (server.calls("zrangebyscore"), server.calls("zadd"));
+    store
+        .adjust(check.clone(), Adjustment::Penalty(5))
+        .await
+        .unwrap();
+    assert_eq!(server.calls("zrangebyscore"), ranges, "the run was read");
+    assert!(
+        server.calls("zadd") - adds <= 2,
+        "{} ZADDs",
+        server.calls("zadd") - adds
+    );
+    let key = store.keys(&check)[0].clone();
+    assert_eq!(server.cli(&["zcard", &key]), "10005");
+    // Past the run: the five take the microseconds after its newest.
+    let newest = server.cli(&["zrange", &key, "-1", "-1"]);
+    assert_eq!(newest.trim(), (START + 10_004).to_string());
+}
+
+/// The same on the packed layout: after a run of 10,000 (ten requests of
+/// the most one may cost), one more
 /// at the same instant is appended after the run (found with a search, no
 /// copy of the run), and one whose clock stepped back below the run fills
 /// the free microseconds there, rewriting only the entries after them.

@@ -185,10 +185,12 @@ pub fn general_lua(algorithm: Algorithm) -> &'static str {
 }
 
 /// The script of [`Store::adjust`] (`scripts/straight_log_packed.lua`, for
-/// its `packed`, + `scripts/adjust.lua`): a penalty or a refund on a
+/// its `packed`, + `scripts/sliding_log_add.lua`, for the sorted set's
+/// `add_entries`, + `scripts/adjust.lua`): a penalty or a refund on a
 /// user's budget, in whichever layout its checks keep it.
 pub const ADJUST_LUA: &str = concat!(
     include_str!("../../scripts/straight_log_packed.lua"),
+    include_str!("../../scripts/sliding_log_add.lua"),
     include_str!("../../scripts/adjust.lua")
 );
 
