@@ -207,8 +207,13 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
         let left = MAX_HOPS - hops.len();
         let line = String::from_utf8_lossy(value.as_bytes());
         if rfc7239 {
-            let elements = split_unquoted(&line, ',', true, left);
-            hops.extend(elements.into_iter().map(for_value));
+            match elements(&line) {
+                Some(elements) => hops.extend(elements.into_iter().rev().take(left).map(for_value)),
+                // (Not well-formed: which element is whose cannot be told,
+                // so the line says nothing, and the nearest trusted hop is
+                // the client.)
+                None => hops.push(String::new()),
+            }
         } else {
             hops.extend(line.rsplit(',').take(left).map(|hop| hop.trim().to_owned()));
         }
@@ -219,62 +224,87 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
     hops
 }
 
-/// The parts of `text` between the `separator`s that lie outside quoted
-/// strings (RFC 7230 `quoted-string`, with `\` escapes), the rightmost
-/// first when `from_right`. Read from the right, a `Forwarded` line keeps
-/// the elements a proxy appended whole whatever a client wrote left of
-/// them, an unclosed quote included: quotes are matched from the end,
-/// where the proxy's well-formed element lies.
-fn split_unquoted(text: &str, separator: char, from_right: bool, most: usize) -> Vec<&str> {
-    let bytes = text.as_bytes();
-    // (A quote is escaped when an odd number of backslashes precede it.)
-    let escaped = |i: usize| bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
+/// A `Forwarded` line's elements, split at the commas outside quoted
+/// strings (RFC 7230 `quoted-string`, with `\` escapes), or `None` when the
+/// line is not well-formed: a quote that does not open a parameter's value,
+/// one left open, a backslash outside quotes, text after a closing quote.
+/// Read whole and strictly: a quote a client leaves open, or one a proxy
+/// copies unescaped from a client's `Host`, would otherwise run a client's
+/// element into the proxy's, read either way.
+fn elements(line: &str) -> Option<Vec<&str>> {
     let mut parts = Vec::new();
-    let mut quoted = false;
-    if from_right {
-        let mut end = text.len();
-        for (i, c) in text.char_indices().rev() {
-            match c {
-                '"' if !escaped(i) => quoted = !quoted,
-                c if c == separator && !quoted => {
-                    parts.push(&text[i + 1..end]);
-                    end = i;
-                    if parts.len() >= most {
-                        return parts;
+    let mut start = 0;
+    let mut last = None;
+    let mut chars = line.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' if last == Some('=') => {
+                loop {
+                    match chars.next()?.1 {
+                        '\\' => {
+                            chars.next()?;
+                        }
+                        '"' => break,
+                        _ => {}
                     }
                 }
-                _ => {}
-            }
-        }
-        parts.push(&text[..end]);
-    } else {
-        let mut start = 0;
-        for (i, c) in text.char_indices() {
-            match c {
-                '"' if !escaped(i) => quoted = !quoted,
-                c if c == separator && !quoted => {
-                    parts.push(&text[start..i]);
-                    start = i + 1;
+                while chars.next_if(|&(_, c)| c == ' ' || c == '\t').is_some() {}
+                if chars.peek().is_some_and(|&(_, c)| c != ';' && c != ',') {
+                    return None;
                 }
-                _ => {}
+                last = Some('"');
             }
+            '"' | '\\' => return None,
+            ',' => {
+                parts.push(&line[start..i]);
+                start = i + 1;
+                last = Some(',');
+            }
+            ' ' | '\t' => {}
+            c => last = Some(c),
         }
-        parts.push(&text[start..]);
     }
+    parts.push(&line[start..]);
+    Some(parts)
+}
+
+/// The parts of `text` (a well-formed `Forwarded` element) between the
+/// `separator`s outside its quoted strings.
+fn split_unquoted(text: &str, separator: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c == separator && !quoted => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
     parts
 }
 
 /// The `for=` value of one `Forwarded` element (`for=1.2.3.4;proto=http`),
-/// unquoted and unescaped; empty without one. Pairs are split outside
-/// quoted strings, so a `for=` inside another pair's quoted value (a
-/// `host="x;for=6.6.6.6"` a client wrote and a proxy copied) is no pair.
+/// unquoted and unescaped; empty without one, or with more than one (RFC
+/// 7239 allows one: two are elements run together, a client's and a
+/// proxy's, by a quote the proxy left unescaped in a value it copied, and
+/// neither can be told). Pairs are split outside quoted strings, so a
+/// `for=` inside another pair's quoted value (a `host="x;for=6.6.6.6"` a
+/// client wrote and a proxy copied) is no pair.
 fn for_value(element: &str) -> String {
-    split_unquoted(element, ';', false, usize::MAX)
+    let mut fors = split_unquoted(element, ';')
         .into_iter()
         .filter_map(|pair| pair.split_once('='))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
-        .map(|(_, v)| unquote(v.trim()))
-        .unwrap_or_default()
+        .filter(|(k, _)| k.trim().eq_ignore_ascii_case("for"));
+    match (fors.next(), fors.next()) {
+        (Some((_, v)), None) => unquote(v.trim()),
+        _ => String::new(),
+    }
 }
 
 /// A token as it is, a quoted string without its quotes and escapes.
@@ -463,11 +493,22 @@ mod tests {
         for line in [
             r#"proto=http;host="x;for=6.6.6.1";for=198.51.100.7"#,
             r#"for=198.51.100.7;host="x,for=6.6.6.2""#,
-            r#"for=198.51.100.7;host="x\";for=6.6.6.3""#,
-            r#"for="6.6.6.4, for=198.51.100.7"#,
+            r#"host="x\";for=6.6.6.3";for=198.51.100.7"#,
+            r#"host="a\",for=6.6.6.5";for=198.51.100.7"#,
             r#"host="a\"b", for=198.51.100.7"#,
         ] {
             assert_eq!(client(line), Client::Ip(ip("198.51.100.7")), "{line}");
+        }
+        // A line that is not well-formed (a quote a client left open, or a
+        // client's Host a proxy copied unescaped, `a\` or `a"`, which runs
+        // the client's element into the proxy's) says nothing: the nearest
+        // trusted hop, the proxy, is the client.
+        for line in [
+            r#"for=6.6.6.6;x="z", for=1.2.3.4;host="a\""#,
+            r#"for=6.6.6.6;x="z", for=1.2.3.4;host="a"""#,
+            r#"for="6.6.6.4, for=198.51.100.7"#,
+        ] {
+            assert_eq!(client(line), Client::Ip(ip("10.0.0.1")), "{line}");
         }
         // A quoted value is unquoted and unescaped.
         assert_eq!(
