@@ -56,10 +56,11 @@ static GLOBAL: Counting = Counting;
 /// A 3-window rule: `limit` per second, 60× per minute, 3600× per hour
 /// (at one request per millisecond, 1,000 per second is always allowed).
 fn per_request(limit: u32, path: &str, cache: usize, rounds: u64) -> f64 {
+    // (A sliding log's window allows at most MAX_LOG_LIMIT.)
     let rule = Rule::new()
         .second(limit)
         .minute(limit * 60)
-        .hour(limit * 3600);
+        .hour((limit * 3600).min(tower_ratelimit::rules::MAX_LOG_LIMIT));
     per_request_with(rule, HeaderMode::X, path, cache, rounds)
 }
 
@@ -204,7 +205,13 @@ fn on_redis(rounds: u64) {
         .build()
         .unwrap();
     let windows: Vec<Window> = [1, 60, 3600]
-        .map(|s| Window::new(std::time::Duration::from_secs(s), 1_000_000_000).unwrap())
+        .map(|s| {
+            Window::new(
+                std::time::Duration::from_secs(s),
+                tower_ratelimit::rules::MAX_LOG_LIMIT,
+            )
+            .unwrap()
+        })
         .to_vec();
     println!("allocations per check on Redis (3 windows, allowed), the whole round trip:");
     println!(

@@ -79,7 +79,7 @@ impl Limiter {
     fn new(store: &str) -> Limiter {
         let ours = |algorithm| {
             let windows: Arc<[Window]> =
-                [Window::new(Duration::from_secs(1), 1_000_000_000).expect("a window")].into();
+                [Window::new(Duration::from_secs(1), 1_000_000).expect("a window")].into();
             let store = MemoryStore::with_clock(ManualClock::new(Timestamp::from_micros(1)));
             Limiter::Ours(store, Check::new("", windows).with_algorithm(algorithm))
         };
@@ -167,6 +167,8 @@ fn main() {
         limiter.advance(idle);
     }
     let checks = rounds * per_user * USERS;
+    // (What is counted is checks that pass, not refusals.)
+    assert_eq!(allowed, checks, "{store}: checks refused");
     println!(
         "{store} {}: {checks} checks, {allowed} allowed, {} ns per check and stream",
         if steady { "steady" } else { "bursts" },

@@ -984,6 +984,14 @@ fn main() {
     let only: Option<Vec<String>> = std::env::var("ONLY")
         .ok()
         .map(|s| s.split(',').map(str::to_owned).collect());
+    // (A mistyped name would run nothing and write empty tables over
+    // bench-results/.)
+    for name in only.iter().flatten() {
+        assert!(
+            SCENARIOS.contains(&name.as_str()),
+            "ONLY names no scenario `{name}`; the scenarios: {SCENARIOS:?}"
+        );
+    }
     let python = python();
     if python.is_none() {
         eprintln!(

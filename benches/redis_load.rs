@@ -192,7 +192,7 @@ async fn main() {
     let per_window_conn = client.get_multiplexed_async_connection().await.unwrap();
     let steady_store = store("st").await;
     let steady: Arc<[Window]> = [1, 5, 20]
-        .map(|ms| Window::new(Duration::from_millis(ms), 1_000_000_000).unwrap())
+        .map(|ms| Window::new(Duration::from_millis(ms), 1_000_000).unwrap())
         .into();
     // The script the store runs for a 3-window sliding-log check.
     let sliding_log = straight_lua(Algorithm::SlidingLog, 3).unwrap_or_default();
