@@ -45,8 +45,7 @@ fn memory_store(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory_check");
     let store = MemoryStore::new();
     // A tiny window keeps the hot budget's log short, as in steady state.
-    let hot: Arc<[Window]> =
-        [Window::new(Duration::from_millis(1), MAX_LOG_LIMIT).unwrap()].into();
+    let hot: Arc<[Window]> = [Window::new(Duration::from_millis(1), MAX_LOG_LIMIT).unwrap()].into();
     let alice = Check::new("r0123456789abcdef:alice", hot.clone());
     // (What is timed is a check that passes, not a refusal.)
     assert!(matches!(store.check_now(&alice.as_ref()), Some(Ok(d)) if d.allowed()));
