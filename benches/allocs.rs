@@ -53,7 +53,8 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// A 3-window rule: `limit` per second, 60× per minute, 3600× per hour
+/// A 3-window rule: `limit` per second, 60× per minute, 3600× per hour (at
+/// most MAX_LOG_LIMIT)
 /// (at one request per millisecond, 1,000 per second is always allowed).
 fn per_request(limit: u32, path: &str, cache: usize, rounds: u64) -> f64 {
     // (A sliding log's window allows at most MAX_LOG_LIMIT.)

@@ -983,7 +983,7 @@ fn main() {
     let connections = env("CONNECTIONS", 50) as usize;
     let only: Option<Vec<String>> = std::env::var("ONLY")
         .ok()
-        .map(|s| s.split(',').map(str::to_owned).collect());
+        .map(|s| s.split(',').map(|name| name.trim().to_owned()).collect());
     // (A mistyped name would run nothing and write empty tables over
     // bench-results/.)
     for name in only.iter().flatten() {

@@ -26,6 +26,7 @@ use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt};
+use tower_ratelimit::clock::{ManualClock, Timestamp};
 use tower_ratelimit::identity::Global;
 use tower_ratelimit::rules::MAX_LOG_LIMIT;
 use tower_ratelimit::{
@@ -41,16 +42,42 @@ fn windows() -> Arc<[Window]> {
     .into()
 }
 
+/// A time for each check, a microsecond after the last: a check a
+/// microsecond of the store's clock, as fast as the bench runs, so that a
+/// sliding log never runs ahead of its clock (checks faster than one a
+/// microsecond would take the microseconds after now, and fill any window
+/// in the end) and every timed check passes.
+struct Ticks(u64);
+
+impl Ticks {
+    fn new() -> Self {
+        Ticks(1_767_225_600_000_000)
+    }
+
+    fn next(&mut self) -> Timestamp {
+        self.0 += 1;
+        Timestamp::from_micros(self.0)
+    }
+}
+
+/// Checks `check` at the next tick; it must pass.
+fn passes(store: &MemoryStore, check: &Check, ticks: &mut Ticks) {
+    let mut check = check.as_ref();
+    check.now = Some(ticks.next());
+    let passed = matches!(store.check_now(&check), Some(Ok(d)) if d.allowed());
+    assert!(passed, "a timed check was refused");
+}
+
 fn memory_store(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory_check");
     let store = MemoryStore::new();
-    // A tiny window keeps the hot budget's log short, as in steady state.
+    // A tiny window keeps the hot budget's log short, as in steady state
+    // (a thousand entries at a check a microsecond).
     let hot: Arc<[Window]> = [Window::new(Duration::from_millis(1), MAX_LOG_LIMIT).unwrap()].into();
     let alice = Check::new("r0123456789abcdef:alice", hot.clone());
-    // (What is timed is a check that passes, not a refusal.)
-    assert!(matches!(store.check_now(&alice.as_ref()), Some(Ok(d)) if d.allowed()));
+    let mut ticks = Ticks::new();
     group.bench_function("hot_budget", |b| {
-        b.iter(|| store.check_now(&alice.as_ref()))
+        b.iter(|| passes(&store, &alice, &mut ticks))
     });
     let budgets: Vec<Check> = (0..100_000)
         .map(|i| Check::new(format!("r0123456789abcdef:user{i}"), hot.clone()))
@@ -59,20 +86,22 @@ fn memory_store(c: &mut Criterion) {
     group.bench_function("100k_budgets", |b| {
         b.iter(|| {
             i = (i + 1) % budgets.len();
-            store.check_now(&budgets[i].as_ref())
+            passes(&store, &budgets[i], &mut ticks)
         })
     });
+    // (Each thread's clock goes on from where its last batch left it.)
+    let mut clocks = [Ticks::new(), Ticks::new()];
     group.bench_function("2_threads_distinct_budgets", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
             std::thread::scope(|s| {
-                for t in 0..2 {
+                for (t, ticks) in clocks.iter_mut().enumerate() {
                     let store = store.clone();
                     let hot = hot.clone();
                     s.spawn(move || {
                         let check = Check::new(format!("r0123456789abcdef:thread{t}"), hot);
                         for _ in 0..iters {
-                            let _ = store.check_now(&check.as_ref());
+                            passes(&store, &check, ticks);
                         }
                     });
                 }
@@ -118,17 +147,44 @@ fn layer(c: &mut Criterion) {
                     Bytes::from_static(b"ok"),
                 ))))
             });
+            // (4 ms of the layer's clock a request, so that its hour window of
+            // MAX_LOG_LIMIT holds at most 900,000 and every allowed one
+            // passes: see `Ticks`.)
+            let clock = ManualClock::new(Ticks::new().next());
             let mut service = tower::ServiceBuilder::new()
                 .layer(
                     RateLimitLayer::new(rules(routes, limit, regex), MemoryStore::new())
-                        .identify(Global),
+                        .identify(Global)
+                        .clock(clock.clone()),
                 )
                 .service(inner);
+            let status = match name {
+                "denied" => 429,
+                _ => 200,
+            };
+            // (A denied request records nothing: its clock stays, and its
+            // hour's one stays spent.)
+            let step = match name {
+                "denied" => Duration::ZERO,
+                _ => Duration::from_millis(4),
+            };
+            // (The first request of "denied" spends its one.)
+            let request = Request::builder().uri(path).body(()).unwrap();
+            let _ = service
+                .ready()
+                .now_or_never()
+                .unwrap()
+                .unwrap()
+                .call(request)
+                .now_or_never();
             group.bench_with_input(BenchmarkId::new(name, routes), &path, |b, path| {
                 b.iter(|| {
+                    clock.advance(step);
                     let request = Request::builder().uri(*path).body(()).unwrap();
                     let ready = service.ready().now_or_never().unwrap().unwrap();
-                    ready.call(request).now_or_never().unwrap().unwrap()
+                    let response = ready.call(request).now_or_never().unwrap().unwrap();
+                    assert_eq!(response.status(), status, "{name}");
+                    response
                 })
             });
         }
@@ -155,8 +211,13 @@ fn headers(c: &mut Criterion) {
             .headers(mode)
             .build()
             .unwrap();
+        let clock = ManualClock::new(Ticks::new().next());
         let mut service = tower::ServiceBuilder::new()
-            .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(Global))
+            .layer(
+                RateLimitLayer::new(rules, MemoryStore::new())
+                    .identify(Global)
+                    .clock(clock.clone()),
+            )
             .service(inner);
         let name = match mode {
             HeaderMode::X => "x_ratelimit",
@@ -166,10 +227,15 @@ fn headers(c: &mut Criterion) {
         // Limits that never deny; their numbers are large, the slower case
         // of formatting (small ones are static header values).
         group.bench_function(name, |b| {
+            // (100 µs a request: its minute window of MAX_LOG_LIMIT holds at
+            // most 600,000.)
             b.iter(|| {
+                clock.advance(Duration::from_micros(100));
                 let request = Request::builder().uri("/hot").body(()).unwrap();
                 let ready = service.ready().now_or_never().unwrap().unwrap();
-                ready.call(request).now_or_never().unwrap().unwrap()
+                let response = ready.call(request).now_or_never().unwrap().unwrap();
+                assert_eq!(response.status(), 200);
+                response
             })
         });
     }

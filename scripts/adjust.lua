@@ -18,7 +18,8 @@
 -- Reply: the number of entries a sliding log holds after it (0 for the
 -- counter algorithms), as text.
 --
--- (The store sends straight_log_packed.lua's packed() before this file.)
+-- (The store sends straight_log_packed.lua's packed() and
+-- sliding_log_add.lua's add_entries() before this file.)
 
 local fmt = string.format
 local args = ARGV[1]
@@ -47,10 +48,12 @@ end
 -- longest window go first, as a check drops them; a penalty's entries take
 -- the first free microseconds at or after now (as push() in
 -- sliding_log.rs), at most the largest limit of them and no more than
--- leave the log twice that long; a refund drops the newest. Only the
--- entries at or after now are read (a clock that went back, or requests
--- in this microsecond), and the rest is found by binary search and copied
--- by Redis, so an adjustment costs Lua the same however long the log.
+-- leave the log twice that long; a refund drops the newest. In a sorted
+-- set, a penalty's entries go past a run of taken microseconds with one
+-- search (add_entries), none read; in a packed log, only the entries at or
+-- after now are read (a clock that went back, or requests in this
+-- microsecond), and the rest is found by binary search and copied by
+-- Redis, so an adjustment costs Lua the same however long the log.
 
 -- How many entries of a penalty fit a log of `live` entries.
 local function room(live)

@@ -4,7 +4,8 @@
 -- microseconds at or after `t` (members that exist are skipped with NX),
 -- up to 512 per ZADD, and returns the microsecond after the last one
 -- added. Only for a request that costs more than 1 or whose microsecond is
--- taken; the common one-entry ZADD is written out where it is made.
+-- taken, and for a penalty (adjust.lua); the common one-entry ZADD is
+-- written out where it is made.
 
 -- `t`, or the microsecond after the newest entry when every one from `t`
 -- to the newest is taken (a budget busier than one request per

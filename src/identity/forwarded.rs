@@ -77,6 +77,15 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// `for=`) names no one: the nearest trusted hop is then the client, as
 /// when the header is missing.
 ///
+/// A `Forwarded` line is read whole and strictly (RFC 7239): one that is
+/// not well-formed, or an element with two `for=`, cannot say which part
+/// a proxy wrote, and names an anonymous client, [`Client::Token`] of an
+/// empty string (every such request shares that one budget, apart from the
+/// proxy's). A proxy must escape what it copies from a request into
+/// `Forwarded` (a `host="…"` from the client's `Host`): one that copies it
+/// unescaped lets the client write whole elements of its own, which no
+/// parser can tell from the proxy's.
+///
 /// ```
 /// use tower_ratelimit::identity::ForwardedIp;
 ///
@@ -173,6 +182,7 @@ impl ForwardedIp {
                 // header does: the nearest trusted hop is the client (what
                 // lies left of it no trusted proxy vouched for).
                 None if hop.is_empty() => return nearest,
+                None if hop == MALFORMED => return Client::Token(String::new()),
                 None => return Client::Token(hop),
             }
         }
@@ -209,10 +219,8 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
         if rfc7239 {
             match elements(&line) {
                 Some(elements) => hops.extend(elements.into_iter().rev().take(left).map(for_value)),
-                // (Not well-formed: which element is whose cannot be told,
-                // so the line says nothing, and the nearest trusted hop is
-                // the client.)
-                None => hops.push(String::new()),
+                // (Not well-formed: which element is whose cannot be told.)
+                None => hops.push(MALFORMED.to_owned()),
             }
         } else {
             hops.extend(line.rsplit(',').take(left).map(|hop| hop.trim().to_owned()));
@@ -223,6 +231,10 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
     }
     hops
 }
+
+/// The hop of a `Forwarded` line or element that cannot be read (a NUL,
+/// which no header value holds): an anonymous client, `Client::Token("")`.
+const MALFORMED: &str = "\0";
 
 /// A `Forwarded` line's elements, split at the commas outside quoted
 /// strings (RFC 7230 `quoted-string`, with `\` escapes), or `None` when the
@@ -303,7 +315,8 @@ fn for_value(element: &str) -> String {
         .filter(|(k, _)| k.trim().eq_ignore_ascii_case("for"));
     match (fors.next(), fors.next()) {
         (Some((_, v)), None) => unquote(v.trim()),
-        _ => String::new(),
+        (None, _) => String::new(),
+        (Some(_), Some(_)) => MALFORMED.to_owned(),
     }
 }
 
@@ -501,14 +514,16 @@ mod tests {
         }
         // A line that is not well-formed (a quote a client left open, or a
         // client's Host a proxy copied unescaped, `a\` or `a"`, which runs
-        // the client's element into the proxy's) says nothing: the nearest
-        // trusted hop, the proxy, is the client.
+        // the client's element into the proxy's), or an element with two
+        // `for=`, names an anonymous client: neither the client's choice
+        // nor the proxy's own address.
         for line in [
             r#"for=6.6.6.6;x="z", for=1.2.3.4;host="a\""#,
             r#"for=6.6.6.6;x="z", for=1.2.3.4;host="a"""#,
             r#"for="6.6.6.4, for=198.51.100.7"#,
+            r#"for=6.6.6.6;for=198.51.100.7"#,
         ] {
-            assert_eq!(client(line), Client::Ip(ip("10.0.0.1")), "{line}");
+            assert_eq!(client(line), Client::Token(String::new()), "{line}");
         }
         // A quoted value is unquoted and unescaped.
         assert_eq!(
