@@ -146,6 +146,15 @@ impl DenialCache {
             .shard(budget)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // (One entry a budget: a denial of another cost, such as one that
+        // never passes, does not push out one that still holds.)
+        if shard
+            .map
+            .get(budget)
+            .is_some_and(|held| held.until > now && held.cost != cost)
+        {
+            return;
+        }
         if shard.map.len() >= self.per_shard && !shard.map.contains_key(budget) {
             // Full: nothing to drop before the first entry expires.
             if now < shard.first_expiry {
@@ -282,6 +291,19 @@ mod tests {
         let blocked = Decision::new_blocked(Duration::from_secs(300), [second, minute]);
         cache.insert("c", 0, 1, 0, &blocked, true);
         assert!(cache.get("c", 0, 1, 299_999_999).is_some());
+    }
+
+    #[test]
+    fn a_denial_of_another_cost_does_not_push_out_one_that_holds() {
+        let cache = DenialCache::new(100);
+        cache.insert("b", 0, 1, 0, &denied(10), false);
+        // (A request that never passes, alternated with cost-1 ones.)
+        cache.insert("b", 0, u32::MAX, 1_000, &denied(60_000), false);
+        assert!(cache.get("b", 0, 1, 2_000).is_some());
+        assert!(cache.get("b", 0, u32::MAX, 2_000).is_none());
+        // Once it has ended, another takes its place.
+        cache.insert("b", 0, u32::MAX, 10_000, &denied(60_000), false);
+        assert!(cache.get("b", 0, u32::MAX, 11_000).is_some());
     }
 
     #[test]

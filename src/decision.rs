@@ -380,7 +380,7 @@ pub(crate) fn too_many_requests() -> Response<Bytes> {
 pub(crate) fn too_costly() -> Response<Bytes> {
     problem(
         StatusCode::TOO_MANY_REQUESTS,
-        "This request costs more than the rate limit allows in one window; it can never be allowed.",
+        "This request costs more than the rate limit allows; it can never be allowed.",
     )
 }
 

@@ -463,7 +463,12 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
 
     /// How much a request spends (default 1): e.g. by method, or by a
     /// size header. A cost of 0 is checked (and gets headers) but spends
-    /// nothing.
+    /// nothing. A request that costs more than a window's limit, or on a
+    /// sliding log more than [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST)
+    /// (each unit is an entry the store writes), can never pass: it is
+    /// answered 429 without `Retry-After` (and, with a block time, blocks
+    /// the user as any denial does); budgets of bytes want the sliding
+    /// window or the token bucket.
     pub fn cost(mut self, f: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.options.cost = Some(Arc::new(f));
         self.fresh()
@@ -540,9 +545,13 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// request of cost 1 (no request passes while one is denied, so none
     /// spends) on a rule whose budget no other rule spends with a higher
     /// limit (a zone's rule elsewhere, another group counting alike, whose
-    /// requests, on any replica, may pass and lengthen the wait); with the
-    /// IETF or per-window headers, only while no other window they show
-    /// can change. On
+    /// requests, on any replica, may pass and lengthen the wait) and that
+    /// has no route-wide limit (other users spend it); with the IETF or
+    /// per-window headers, only while no other window they show can change.
+    /// A replayed denial of a request that never passes keeps the
+    /// remaining counts the store gave, which other requests may since have
+    /// spent; a penalty or refund (`adjust_on_response`) that lands while
+    /// an entry holds is seen once it ends. On
     /// by default with room for [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns
     /// it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {

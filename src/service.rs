@@ -709,10 +709,16 @@ impl<St: Store, I> Shared<St, I> {
         // the store. And only those whose wait nothing but time changes: a
         // block, a request that never passes, and a denial of cost 1 (with
         // no slot free, no request spends) on a budget no other policy may
-        // spend with a higher limit. A costlier request waits longer once
+        // spend with a higher limit, and with no route-wide window. (A
+        // penalty or refund, `adjust_on_response`, landing while an entry
+        // holds is seen once it ends.) A costlier request waits longer once
         // a cheaper one passes, and a sibling policy's requests, on any
         // replica, make this one's wait longer as they pass.
-        let exact = decision.is_blocked() || never || (checked.cost <= 1 && !policy.shared);
+        // (A route-wide window is spent by other users meanwhile, which may
+        // make it the constraining window, or lengthen the wait.)
+        let exact = decision.is_blocked()
+            || never
+            || (checked.cost <= 1 && !policy.shared && policy.global.is_none());
         if let (Outcome::Denied, Some(cache), Some(asked), true) =
             (outcome, &self.state.denials, checked.asked, exact)
         {

@@ -655,6 +655,32 @@ async fn a_costly_denial_is_not_answered_from_the_cache() {
     }
 }
 
+/// Other users spend a route-wide window while one user's denial would be
+/// cached, which may lengthen its wait or make the route's window the one
+/// its headers describe: a denial on a route with a route-wide limit asks
+/// the store each time (a block still does not).
+#[tokio::test]
+async fn a_denial_on_a_route_with_a_route_wide_limit_is_not_cached() {
+    let rules = Rules::builder()
+        .add_route(
+            Route::new("^/a")
+                .rules([Rule::new().minute(1)])
+                .global(Rule::new().minute(100)),
+        )
+        .build()
+        .unwrap();
+    let store = Flaky::default();
+    let app = App::new(rules, store.clone());
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(
+            app.get("/a", "u").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(store.calls(), 4);
+}
+
 /// A block is cached whatever the windows and the header mode: it holds
 /// every window (the user's and the route's) at nothing left until it
 /// ends, so its replay is exact and the store is not asked again.

@@ -77,6 +77,11 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// `for=`) names no one: the nearest trusted hop is then the client, as
 /// when the header is missing.
 ///
+/// A hop is an address (`1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]:80`; an
+/// IPv6 address's zone, `fe80::1%eth0`, is left out, as it names an
+/// interface of the proxy's, for trust as for the budget) or a token
+/// (`unknown`, `_hidden`).
+///
 /// A `Forwarded` line is read whole and strictly (RFC 7239): one that is
 /// not well-formed, or an element with two `for=`, cannot say which part
 /// a proxy wrote, and names an anonymous client, [`Client::Token`] of an

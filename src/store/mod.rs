@@ -155,7 +155,10 @@ impl Check {
         self
     }
 
-    /// Sets the cost of the request.
+    /// Sets the cost of the request. (On a sliding log, one above
+    /// [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST) that its windows could
+    /// allow is refused: see [`CheckRef::supported`]; the layer sends it as
+    /// costing more than any limit.)
     #[must_use]
     pub fn with_cost(mut self, cost: u32) -> Self {
         self.cost = cost;
@@ -426,7 +429,10 @@ pub struct Decision {
 impl Decision {
     /// A decision. `windows` (the user's, then the route-wide ones) beyond
     /// `2 * MAX_WINDOWS` are ignored; `reset_after` belongs to the
-    /// [constraining](Self::constraining) window.
+    /// [constraining](Self::constraining) window: the fewest remaining,
+    /// and on a tie the longer window, then the last (a store written for
+    /// an earlier version, which took the first on a tie, must follow, or
+    /// its headers would give one window's limit with another's reset).
     // (Inlined: every algorithm's one-window path makes its decision with
     // it, and a call per check shows in their instruction counts.)
     #[inline(always)]
@@ -692,7 +698,8 @@ pub enum Adjustment {
     /// never holds more than twice its limit (a token bucket is never more
     /// than twice its size behind), so penalties that pile up hold a user
     /// back for a bounded time; a sliding log, whose windows share its
-    /// entries, takes at most its largest limit of them and never holds
+    /// entries, takes at most its largest limit of them, and at most
+    /// [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST) at once, and never holds
     /// more than twice that (each entry beyond a shorter window's limit
     /// adds a microsecond to that window's wait).
     Penalty(u32),
