@@ -750,11 +750,8 @@ impl<St: Store, I> Shared<St, I> {
             None if never => decision::too_costly(),
             None => decision::too_many_requests(),
         };
-        let headers = if never {
-            headers.without_retry()
-        } else {
-            headers
-        };
+        // (A request that never passes has no `Retry-After` already: see
+        // `RateHeaders::new`.)
         Verdict::Answer(response, Some(headers))
     }
 }

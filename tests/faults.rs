@@ -552,24 +552,18 @@ async fn a_pooled_connection_closed_while_idle_is_replaced_too() {
     closed_while_idle(Shape::PoolBatched).await;
 }
 
-/// A Cluster master down is no reason to replace the whole Cluster client:
-/// the client reconnects to that node by itself, so the store neither makes
-/// new connections to the other masters nor loads its scripts on them again
-/// (every app replica doing so on every failed request made a storm), and
-/// every request still ends within the deadline.
-#[tokio::test]
-async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
-    use support::redis_server::RedisCluster;
-    let mut cluster = RedisCluster::start();
-    // (Each user's budget alone: the checks spread over the masters.)
+/// A 3-master Cluster and an app failing open on it (each user's budget
+/// alone: the checks spread over the masters), once every master has
+/// served a check (a cluster just made may answer its first commands with
+/// an error).
+async fn serving_cluster() -> (support::redis_server::RedisCluster, App) {
+    let cluster = support::redis_server::RedisCluster::start();
     let app = app_with(
         RedisStore::builder().cluster(cluster.urls()),
         FailMode::Open,
         true,
     )
     .await;
-    // Until every master has served a check (a cluster just made may
-    // answer its first commands with an error).
     let settled = Instant::now();
     for i in 0.. {
         app.get("/x", &format!("warm{i}")).await;
@@ -581,6 +575,17 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
             "the cluster never served"
         );
     }
+    (cluster, app)
+}
+
+/// A Cluster master down is no reason to replace the whole Cluster client:
+/// the client reconnects to that node by itself, so the store neither makes
+/// new connections to the other masters nor loads its scripts on them again
+/// (every app replica doing so on every failed request made a storm), and
+/// every request still ends within the deadline.
+#[tokio::test]
+async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
+    let (mut cluster, app) = serving_cluster().await;
     let survivors = &cluster.nodes[1..];
     let stats = |nodes: &[RedisServer]| -> Vec<(u64, u64)> {
         nodes
@@ -622,25 +627,7 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
 /// client (a new client on every master, asking each for its scripts).
 #[tokio::test]
 async fn checks_timed_out_by_one_stall_count_as_one_timeout() {
-    use support::redis_server::RedisCluster;
-    let cluster = RedisCluster::start();
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Open,
-        true,
-    )
-    .await;
-    let settled = Instant::now();
-    for i in 0.. {
-        app.get("/x", &format!("warm{i}")).await;
-        if cluster.nodes.iter().all(|n| n.calls("evalsha") > 0) {
-            break;
-        }
-        assert!(
-            settled.elapsed() < Duration::from_secs(10),
-            "the cluster never served"
-        );
-    }
+    let (cluster, app) = serving_cluster().await;
     let asked = || -> u64 { cluster.nodes.iter().map(|n| n.calls("script|exists")).sum() };
     let before = asked();
     for node in &cluster.nodes {

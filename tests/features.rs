@@ -441,14 +441,7 @@ async fn a_request_costlier_than_the_limit_is_told_no_wait() {
     let app = App::with(
         one(Rule::new().second(10).minute(5)),
         MemoryStore::new(),
-        |l| {
-            l.cost(|head| {
-                head.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
-        },
+        |l| l.cost(support::cost_header),
     );
     let request = |cost: &'static str, grpc: bool| {
         let mut request = Request::builder()
@@ -615,25 +608,15 @@ async fn a_zone_spent_by_another_route_is_not_answered_from_the_cache() {
 /// denial is not cached, and the next one tells the wait the store would.
 #[tokio::test]
 async fn a_costly_denial_is_not_answered_from_the_cache() {
-    fn cost(head: &http::request::Parts) -> u32 {
-        head.headers
-            .get("x-cost")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(1)
-    }
+    use support::{cost_header, costing};
     let store = Flaky::default();
-    let cached = App::with(one(Rule::new().minute(5)), store.clone(), |l| l.cost(cost));
-    let direct = App::with(one(Rule::new().minute(5)), MemoryStore::new(), |l| {
-        l.cost(cost)
+    let cached = App::with(one(Rule::new().minute(5)), store.clone(), |l| {
+        l.cost(cost_header)
     });
-    let request = |cost: u32| {
-        Request::builder()
-            .uri("/a")
-            .header("x-user", "u")
-            .header("x-cost", cost.to_string())
-            .body(Body::empty())
-            .unwrap()
-    };
+    let direct = App::with(one(Rule::new().minute(5)), MemoryStore::new(), |l| {
+        l.cost(cost_header)
+    });
+    let request = |cost: u32| costing("/a", "u", cost);
     for (step_ms, cost) in [
         (0, 1),
         (20_000, 1),

@@ -851,22 +851,10 @@ pub async fn a_costly_denial_blocks_for_the_block_time<St: Store>(
             .block_time(Duration::from_secs(10))
             .algorithm(algorithm);
         let app = App::with(one_route("^/up", [rule]), store.clone(), |l| {
-            l.cost(|head| {
-                head.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
+            l.cost(super::cost_header)
         });
         let user = format!("costly-block-{}-{costly}", algorithm.as_str());
-        let with_cost = |cost: u32| {
-            http::Request::builder()
-                .uri("/up")
-                .header("x-user", user.as_str())
-                .header("x-cost", cost.to_string())
-                .body(axum::body::Body::empty())
-                .unwrap()
-        };
+        let with_cost = |cost: u32| super::costing("/up", &user, cost);
         let why = format!("{algorithm:?}, cost {costly}");
         assert_eq!(
             app.send_request(with_cost(6)).await.status,
@@ -892,23 +880,9 @@ pub async fn cost_is_spent_exactly<St: Store>(store: impl std::future::Future<Ou
     let store = std::sync::Arc::new(store.await);
     for algorithm in ALGORITHMS {
         let rules = one_route("^/a", [Rule::new().minute(5).algorithm(algorithm)]);
-        let app = App::with(rules, store.clone(), |l| {
-            l.cost(|head| {
-                head.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
-        });
+        let app = App::with(rules, store.clone(), |l| l.cost(super::cost_header));
         let user = format!("cost-{}", algorithm.as_str());
-        let with_cost = |cost: u32| {
-            http::Request::builder()
-                .uri("/a")
-                .header("x-user", user.as_str())
-                .header("x-cost", cost.to_string())
-                .body(axum::body::Body::empty())
-                .unwrap()
-        };
+        let with_cost = |cost: u32| super::costing("/a", &user, cost);
         let first = app.send_request(with_cost(3)).await;
         assert_eq!(first.status, StatusCode::OK, "{algorithm:?}");
         assert_eq!(first.number("x-ratelimit-remaining"), 2, "{algorithm:?}");
@@ -939,23 +913,9 @@ pub async fn a_sliding_log_request_beyond_the_cost_cap_writes_nothing<St: Store>
     let store = std::sync::Arc::new(store.await);
     for algorithm in ALGORITHMS {
         let rules = one_route("^/a", [Rule::new().minute(1_000_000).algorithm(algorithm)]);
-        let app = App::with(rules, store.clone(), |l| {
-            l.cost(|head| {
-                head.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
-        });
+        let app = App::with(rules, store.clone(), |l| l.cost(super::cost_header));
         let user = format!("cap-{}", algorithm.as_str());
-        let with_cost = |cost: u32| {
-            http::Request::builder()
-                .uri("/a")
-                .header("x-user", user.as_str())
-                .header("x-cost", cost.to_string())
-                .body(axum::body::Body::empty())
-                .unwrap()
-        };
+        let with_cost = |cost: u32| super::costing("/a", &user, cost);
         let at_cap = app.send_request(with_cost(MAX_LOG_COST)).await;
         assert_eq!(at_cap.status, StatusCode::OK, "{algorithm:?}");
         let beyond = app.send_request(with_cost(MAX_LOG_COST + 1)).await;

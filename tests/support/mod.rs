@@ -23,6 +23,25 @@ use tower_ratelimit::{RateLimitLayer, Rules, Store};
 /// easy to read (2026-01-01T00:00:00Z).
 pub const START: u64 = 1_767_225_600_000_000;
 
+/// The cost a test request names in its `x-cost` header (1 without): the
+/// layer's `.cost(cost_header)`.
+pub fn cost_header(head: &Parts) -> u32 {
+    head.headers
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// A GET of `path` by `user` that costs `cost` (see [`cost_header`]).
+pub fn costing(path: &str, user: &str, cost: u32) -> Request<Body> {
+    Request::builder()
+        .uri(path)
+        .header("x-user", user)
+        .header("x-cost", cost.to_string())
+        .body(Body::empty())
+        .unwrap()
+}
+
 /// A response, read whole.
 #[derive(Debug)]
 pub struct Reply {
