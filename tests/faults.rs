@@ -752,3 +752,135 @@ async fn checks_redis_runs_after_a_stall_are_not_charged() {
         );
     }
 }
+
+/// The users `users` on `cluster`, each with the index of the master that
+/// holds its budget (each has sent one request through `app`).
+fn masters_of(cluster: &support::redis_server::RedisCluster, users: &[String]) -> Vec<usize> {
+    users
+        .iter()
+        .map(|user| {
+            let pattern = format!("*{user}*");
+            cluster
+                .nodes
+                .iter()
+                .position(|n| !n.cli(&["--scan", "--pattern", &pattern]).is_empty())
+                .unwrap_or_else(|| panic!("no master holds {user}'s budget"))
+        })
+        .collect()
+}
+
+/// Users whose names are no prefix of one another (`--scan` patterns).
+fn spread_users(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("spread{i}x")).collect()
+}
+
+/// With one of a Cluster's masters stalled, a store's checks on the other
+/// masters are decided as ever, and those on the stalled one fail (closed,
+/// here) within the deadline: one master's trouble is not the whole
+/// store's.
+async fn decided_around_a_stalled_master(
+    app: &App,
+    users: &[String],
+    masters: &[usize],
+    stalled: usize,
+) {
+    for (user, &master) in users.iter().zip(masters) {
+        let started = Instant::now();
+        let reply = app.get("/x", user).await;
+        assert!(
+            started.elapsed() < DEADLINE + SLACK,
+            "{user}: {:?}",
+            started.elapsed()
+        );
+        if master == stalled {
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{user}");
+        } else {
+            // (Its second request of 2 a minute.)
+            assert_eq!(reply.status, StatusCode::OK, "{user} on master {master}");
+            assert_eq!(reply.header("x-ratelimit-remaining"), Some("0"), "{user}");
+        }
+    }
+}
+
+/// A store made while one Cluster master does not answer (`CLIENT PAUSE`:
+/// it takes connections and leaves every command waiting, as a node
+/// behind a partition or in a long pause) connects at once, and decides
+/// the checks the other masters serve: its start-up (the scripts checked
+/// and loaded on every master) does not wait for the stalled one.
+#[tokio::test]
+async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
+    let cluster = support::redis_server::RedisCluster::start();
+    let warm = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Open,
+        true,
+    )
+    .await;
+    let users = spread_users(12);
+    for user in &users {
+        assert!(warm.get("/x", user).await.limited(), "{user}");
+    }
+    let masters = masters_of(&cluster, &users);
+    let stalled = masters[0];
+    assert_eq!(
+        cluster.nodes[stalled].cli(&["client", "pause", "6000", "all"]),
+        "OK"
+    );
+    let paused = Instant::now();
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    decided_around_a_stalled_master(&app, &users, &masters, stalled).await;
+    assert!(
+        paused.elapsed() < Duration::from_secs(5),
+        "the machine stalled"
+    );
+}
+
+/// A caller's Cluster pool with one master stalled: the checks for it time
+/// out again and again, and the store looks for a new client from the
+/// pool, but keeps the one it holds (which still serves every other
+/// master) until one is ready; before, it dropped it at the third timeout,
+/// and every check failed until the master came back.
+#[tokio::test]
+async fn a_cluster_pool_keeps_its_client_while_one_master_stalls() {
+    let cluster = support::redis_server::RedisCluster::start();
+    let pool = deadpool_redis::cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let app = app_with(
+        RedisStore::builder().cluster_pool(pool),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    let users = spread_users(12);
+    for user in &users {
+        let settled = Instant::now();
+        // (A cluster just made may answer its first command with an error.)
+        while !app.get("/x", user).await.limited() {
+            assert!(settled.elapsed() < Duration::from_secs(10), "{user}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let masters = masters_of(&cluster, &users);
+    let stalled = masters[0];
+    assert_eq!(
+        cluster.nodes[stalled].cli(&["client", "pause", "6000", "all"]),
+        "OK"
+    );
+    let paused = Instant::now();
+    // Five timeouts in a row on the stalled master's first user.
+    for _ in 0..5 {
+        let reply = app.get("/x", &users[0]).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    decided_around_a_stalled_master(&app, &users, &masters, stalled).await;
+    assert!(
+        paused.elapsed() < Duration::from_secs(5),
+        "the machine stalled"
+    );
+}

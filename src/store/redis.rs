@@ -2876,9 +2876,10 @@ impl RedisStoreBuilder {
             load_timeout: connect_timeout.saturating_mul(4),
         };
         // A multiplexed connection (of its own or a pool's) is replaced when
-        // it breaks, and kept alive while idle; a Cluster client heals
-        // itself node by node (its own, kept; a pool's, replaced only when it
-        // times out again and again).
+        // it breaks, and kept alive while idle; a Cluster client (of its own
+        // or a pool's) heals itself node by node, and is replaced only when
+        // it times out again and again, and kept until another is ready: it
+        // still serves every master but the one in trouble.
         let direct = Shape {
             drop_when_broken: true,
             heals: false,
@@ -2892,10 +2893,6 @@ impl RedisStoreBuilder {
             keepalive: None,
             ping_timeout: response_timeout,
             deadlines: false,
-        };
-        let cluster_pool = Shape {
-            drop_when_broken: true,
-            ..cluster
         };
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
@@ -3029,10 +3026,11 @@ impl RedisStoreBuilder {
                 )
             }
             // (A pool's connections multiplex: the store keeps one checked
-            // out, see `Held`. A broken one, even a Cluster client's, which
-            // would heal, is dropped as another is checked out: it goes back
-            // to the pool once the checks still on it end, within the
-            // store's deadline; two are held for that long at most.)
+            // out, see `Held`. A broken one is dropped as another is checked
+            // out (a Cluster client's, which heals, once another is ready):
+            // it goes back to the pool once the checks still on it end,
+            // within the store's deadline; two are held for that long at
+            // most.)
             Some(Target::Pool(pool)) => {
                 let get = move || -> BoxFuture<_> {
                     let pool = pool.clone();
@@ -3048,9 +3046,7 @@ impl RedisStoreBuilder {
                 };
                 let connect = checkout(get, connect_timeout);
                 let what = "redis cluster (pool)";
-                Backend::ClusterPool(
-                    Lazy::launch(connect, cluster_pool, &common, None, what).await?,
-                )
+                Backend::ClusterPool(Lazy::launch(connect, cluster, &common, None, what).await?)
             }
         };
         let batcher = match &backend {
