@@ -1363,6 +1363,105 @@ async fn a_target_set_up_wrongly_is_an_error_at_build() {
     let store = RedisStore::builder().url(right).build().await.unwrap();
     let app = App::new(one_route(Rule::new().second(1)), store);
     assert!(app.get("/a", "u").await.limited());
+
+    // A user whose ACL denies `SCRIPT` (the scripts are loaded with it),
+    // though it allows `EVALSHA`.
+    let acl = RedisServer::start();
+    assert_eq!(
+        acl.cli(&["acl", "setuser", "limiter", "on", ">pw", "~*", "&*", "+@all", "-script"]),
+        "OK"
+    );
+    let denied = format!("redis://limiter:pw@127.0.0.1:{}", acl.port);
+    let e = RedisStore::builder().url(denied).build().await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("no permissions"), "{e}");
+}
+
+/// A server that refuses every command for a while (`LOADING`: reading its
+/// data after a restart; here a fake one that answers nothing else) is not
+/// sent the scripts: the store retries its connection, and sends
+/// `SCRIPT LOAD` only once the server answers. Before, each try loaded every
+/// script (some 45, half a megabyte), on every replica at once.
+#[tokio::test]
+async fn a_server_loading_its_data_is_not_sent_the_scripts() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (commands, loads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (seen, loaded) = (commands.clone(), loads.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let (seen, loaded) = (seen.clone(), loaded.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                // RESP arrays of bulk strings: `*n`, then `$len` and the
+                // argument, n times.
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let Some(n) = line.trim_end().strip_prefix('*') else {
+                        continue;
+                    };
+                    let n: usize = n.parse().unwrap();
+                    let mut args = Vec::new();
+                    for _ in 0..2 * n {
+                        line.clear();
+                        reader.read_line(&mut line).unwrap();
+                        args.push(line.trim_end().to_owned());
+                    }
+                    let words: Vec<String> = args
+                        .iter()
+                        .skip(1)
+                        .step_by(2)
+                        .map(|a| a.to_uppercase())
+                        .collect();
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let reply = match words.first().map(String::as_str) {
+                        Some("INFO") => {
+                            let text = "# Cluster\r\ncluster_enabled:0\r\n";
+                            format!("${}\r\n{text}\r\n", text.len())
+                        }
+                        Some("CLIENT") => "+OK\r\n".to_owned(),
+                        Some("SCRIPT") if words.get(1).map(String::as_str) == Some("LOAD") => {
+                            loaded.fetch_add(1, Ordering::SeqCst);
+                            "-LOADING Redis is loading the dataset in memory\r\n".to_owned()
+                        }
+                        _ => "-LOADING Redis is loading the dataset in memory\r\n".to_owned(),
+                    };
+                    if writer.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let store = RedisStore::builder()
+        .url(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .await
+        .unwrap();
+    // The first try and those of the next second (backoff from 50 ms).
+    let started = Instant::now();
+    while commands.load(Ordering::SeqCst) < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the store stopped trying"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        0,
+        "scripts sent to a server loading its data"
+    );
+    drop(store);
 }
 
 #[tokio::test]

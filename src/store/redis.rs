@@ -65,8 +65,10 @@
 //! [`FailMode`](crate::FailMode). A broken connection is replaced in the
 //! background (retrying every 50 to 500 ms), so limiting resumes by itself
 //! within a second of Redis answering again; requests never wait for a
-//! reconnect. The scripts are loaded with `SCRIPT LOAD` when a connection
-//! is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
+//! reconnect (each try after a random part of the backoff, so replicas
+//! that lost Redis together do not come back in step; a server still
+//! loading its data is sent nothing more until it answers). The scripts
+//! are loaded with `SCRIPT LOAD` when a connection is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
 //! call load its script again and retry.
 //!
 //! # Key layout
@@ -580,8 +582,11 @@ impl Scripts {
         }
         let there: Vec<bool> = match exists.query_async(conn).await {
             Ok(there) => there,
-            // (A proxy that does not know the command: load them all.)
-            Err(e) if !broken(&e) && !e.is_timeout() => Vec::new(),
+            // (A proxy that does not know the command: load them all. Not a
+            // server that refuses every command for now, as one loading its
+            // data after a restart does: it would refuse them all too, on
+            // every try of every replica.)
+            Err(e) if !broken(&e) && !e.is_timeout() && !refuses_for_now(&e) => Vec::new(),
             Err(e) => return Err(e),
         };
         if there.len() != self.all().count() {
@@ -1843,7 +1848,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                     Err(error) => tracing::debug!(%error, "redis reconnect failed"),
                 }
                 drop(this);
-                tokio::time::sleep(backoff).await;
+                // (Between half the backoff and all of it: the replicas that
+                // lost their connections at one moment do not all come back
+                // at the next.)
+                tokio::time::sleep(jittered(backoff)).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
         });
@@ -1906,11 +1914,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
     }
 }
 
+/// A random time between half of `backoff` and all of it.
+fn jittered(backoff: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let random = foldhash::fast::RandomState::default().hash_one(std::time::Instant::now());
+    // (A fraction of 2^16.)
+    let part = u32::try_from(random >> 48).unwrap_or(0);
+    backoff / 2 + (backoff / 2) * part / 65_536
+}
+
 /// Errors on connecting that no retry mends: the target is set up wrongly.
 /// A Cluster client on a server without cluster support, a direct
 /// connection to a node of a Cluster of several masters (see
-/// [`not_a_cluster_node`]), a password the server refuses. (A master name
-/// no sentinel knows is asked apart: [`unknown_to_every_sentinel`].)
+/// [`not_a_cluster_node`]), a password the server refuses, a user its ACL
+/// denies the scripts' commands (`NOPERM`). (A master name no sentinel
+/// knows is asked apart: [`unknown_to_every_sentinel`].)
 fn misconfigured(e: &RedisError) -> bool {
     if matches!(
         e.kind(),
@@ -1918,10 +1936,24 @@ fn misconfigured(e: &RedisError) -> bool {
     ) {
         return true;
     }
+    if e.code() == Some("NOPERM") {
+        return true;
+    }
     let text = e.to_string();
     ["cluster support disabled", "WRONGPASS", "NOAUTH"]
         .iter()
         .any(|sign| text.contains(sign))
+}
+
+/// A server's refusal of any command for a while, or of this user's:
+/// loading its data (`LOADING`), a replica cut from its master
+/// (`MASTERDOWN`), a script running too long (`BUSY`), a Cluster not
+/// serving (`CLUSTERDOWN`, `TRYAGAIN`), an ACL (`NOPERM`).
+fn refuses_for_now(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("LOADING" | "MASTERDOWN" | "BUSY" | "CLUSTERDOWN" | "TRYAGAIN" | "NOPERM")
+    )
 }
 
 /// Refuses a direct connection to a node of a Redis Cluster with more than
@@ -2858,7 +2890,9 @@ impl RedisStoreBuilder {
     /// would mend: `cluster(..)` on a server without cluster support,
     /// `url(..)` or `pool(..)` on a node of a Cluster of several masters
     /// (which would answer `MOVED` for the others' budgets), a master name
-    /// no sentinel knows, a password the server refuses. A Redis that
+    /// no sentinel knows, a password the server refuses, a user whose ACL
+    /// denies `SCRIPT` (the store needs `SCRIPT`, `EVALSHA`, `TIME`, and
+    /// reads `INFO`). A Redis that
     /// cannot be reached yet is not an error: the store logs a warning,
     /// keeps connecting in the background, and until then every check
     /// fails, so the layer's fail mode applies.
