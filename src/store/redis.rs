@@ -3116,6 +3116,20 @@ mod tests {
         numbers.iter().flat_map(|&n| word(n)).collect()
     }
 
+    /// A reconnect's wait lies between half its backoff and all of it,
+    /// and is not the same for every try.
+    #[test]
+    fn reconnect_waits_are_jittered_within_the_backoff() {
+        let backoff = Duration::from_millis(400);
+        let waits: Vec<Duration> = (0..64).map(|_| jittered(backoff)).collect();
+        assert!(
+            waits.iter().all(|w| *w >= backoff / 2 && *w <= backoff),
+            "{waits:?}"
+        );
+        let first = waits[0];
+        assert!(waits.iter().any(|w| *w != first), "{waits:?}");
+    }
+
     const TEST_SHAPE: Shape = Shape {
         drop_when_broken: true,
         heals: false,
