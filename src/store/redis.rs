@@ -47,7 +47,12 @@
 //!   master that Redis Sentinel names, and made again (to the new master)
 //!   when the one it has breaks or answers `READONLY` after a failover.
 //! - [`RedisStoreBuilder::cluster`]: Redis Cluster through redis-rs' async
-//!   cluster client, with response and connection timeouts set.
+//!   cluster client, with response and connection timeouts set. The
+//!   client follows `MOVED` and `ASK` while slots migrate, and sends a call
+//!   again (twice at most, within the check's deadline) when a node's
+//!   connection breaks: a check whose script ran just before the break is
+//!   then counted twice. The error is always that way: a Cluster check
+//!   never charges a user less than it allowed.
 //! - [`RedisStoreBuilder::pool`] / [`RedisStoreBuilder::cluster_pool`]: a
 //!   `deadpool-redis` pool the caller owns and may share with other code.
 //!   Its connections multiplex, so the store checks one out when it starts
@@ -120,8 +125,9 @@
 //! (route-wide windows added or removed, or more than 5 windows) starts
 //! its budgets afresh, and a change back finds them as
 //! they were left, if their TTL has not ended. Every key's TTL ends when its newest entry leaves the longest
-//! window (a packed log's up to a quarter of that window later, at most a
-//! minute, so most writes keep it), so no key outlives its usefulness.
+//! window (a packed log's a quarter of that window later, at least a
+//! second and at most a minute, so most writes keep it), so no key
+//! outlives its usefulness.
 
 /// The `deadpool-redis` the store takes pools of
 /// ([`RedisStoreBuilder::pool`]): build them with this one, so the
@@ -2849,7 +2855,12 @@ impl RedisStoreBuilder {
     }
 
     /// The deadline of establishing a connection, or of checking one out
-    /// of a caller's pool (default 500 ms).
+    /// of a caller's pool (default 500 ms). Making a connection ready
+    /// (the scripts checked and loaded, the server's clock read) may take
+    /// four times as long again, as may finding a Cluster's nodes or a
+    /// Sentinel's master; [`build`](Self::build) waits for its first try,
+    /// so a slow target can hold it several times this (requests never
+    /// wait for a connection).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
