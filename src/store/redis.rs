@@ -504,17 +504,22 @@ impl Scripts {
         conn: &mut C,
         cmds: impl Iterator<Item = &'a redis::Cmd>,
     ) -> RedisResult<()> {
-        let mut loaded: Vec<&str> = Vec::new();
+        let mut scripts: Vec<&Script> = Vec::new();
         for cmd in cmds {
             let Some(script) = self.named_by(cmd) else {
                 return self.load(conn).await;
             };
-            if !loaded.contains(&script.get_hash()) {
-                script.prepare_invoke().load_async(conn).await?;
-                loaded.push(script.get_hash());
+            if !scripts.iter().any(|s| s.get_hash() == script.get_hash()) {
+                scripts.push(script);
             }
         }
-        Ok(())
+        // (All at once: one round trip on a multiplexed connection, not
+        // one per script, within what is left of the checks' deadline.)
+        let loads = scripts.into_iter().map(|script| {
+            let mut conn = conn.clone();
+            async move { script.prepare_invoke().load_async(&mut conn).await }
+        });
+        futures_util::future::try_join_all(loads).await.map(drop)
     }
 
     fn new() -> Self {
@@ -1287,11 +1292,16 @@ async fn run_batch<C: ConnectionLike + Clone>(
         }
     }
     // (A replica's answer, to the call or to a check inside a batch
-    // script's: the connection is to be remade.)
+    // script's, or a connection that broke or timed out under a `NOSCRIPT`
+    // reload or its second try: the connection is to be remade, or the
+    // timeout counted, now rather than at the next batch.)
     if health.is_none() {
-        health = out
-            .iter()
-            .find_map(|r| r.as_ref().err().filter(|e| read_only(e)).cloned());
+        health = out.iter().find_map(|r| {
+            r.as_ref()
+                .err()
+                .filter(|e| read_only(e) || broken(e) || e.is_timeout())
+                .cloned()
+        });
     }
     Ok((out, health))
 }
