@@ -58,7 +58,7 @@
 #![forbid(unsafe_code)]
 // Nothing on a request path may panic; tests may unwrap.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 mod cache;
