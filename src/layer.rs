@@ -551,7 +551,12 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// A replayed denial of a request that never passes keeps the
     /// remaining counts the store gave, which other requests may since have
     /// spent; a penalty or refund (`adjust_on_response`) that lands while
-    /// an entry holds is seen once it ends. On
+    /// an entry holds is seen once it ends. Only an asynchronous store's
+    /// denials are kept (Redis, or a store of your own whose `check` is
+    /// awaited): a store that answers at once, as [`MemoryStore`](crate::MemoryStore)
+    /// does, needs no cache. The cache is sharded (no global lock) and
+    /// bounded (denials beyond its room are not kept; ended ones are dropped
+    /// as its shards fill). On
     /// by default with room for [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns
     /// it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {

@@ -45,15 +45,42 @@
 //!    recorded in none.
 //! 5. Allowed: the inner service runs and its response gets the
 //!    `X-RateLimit-*` headers. Denied: `429` with `Retry-After`; the inner
-//!    service is never called. Store failure: [`FailMode`].
+//!    service is never called. Store failure: [`FailMode`]. (Those are the
+//!    defaults for HTTP: [`HeaderMode`] picks other headers or none, a
+//!    gRPC request is denied with `RESOURCE_EXHAUSTED` in trailers, a
+//!    request that costs more than a limit gets no `Retry-After`, since
+//!    waiting never lets it pass, and shadow mode lets a would-be denial
+//!    through; see [`decision`].)
 //!
 //! # Keys
 //!
 //! A budget is (route, user), or (zone, user) for rules that name a zone;
-//! a rule that names a method has its own budget. Users are arbitrary bytes
-//! and are percent-encoded (and hashed past 128 bytes) before they become
-//! part of a key, so braces, colons, newlines or megabyte-long identities
-//! can never reach another user's budget. See [`key`] for the layout.
+//! a rule that names a method (and no zone) has its own budget. Users are
+//! arbitrary bytes and are percent-encoded (and hashed when the encoding
+//! passes 128 bytes) before they become part of a key, so braces, colons,
+//! newlines or megabyte-long identities can never reach another user's
+//! budget. See [`key`] for the layout.
+//!
+//! # Logs and metrics
+//!
+//! Events go through `tracing`, target `tower_ratelimit`: `debug` for every
+//! limited request (route pattern, outcome, remaining, and `store_us`, the
+//! store's latency in microseconds, when an asynchronous store was asked);
+//! `trace` adds the budget key (which holds the encoded user: never at
+//! `info`); `info` when shadow mode lets through a request it would deny;
+//! `warn`, at most once a second, when the store fails.
+//!
+//! Metrics (cargo feature `metrics`, through the `metrics` crate):
+//! `tower_ratelimit_requests_total{outcome}` with outcome `allowed`,
+//! `denied`, `denied_locally` (by the denial cache), `shadow_denied`,
+//! `fail_open`, `fail_closed`, `fallback` (allowed by the fallback store
+//! while the store is failing) or `fallback_denied`;
+//! `tower_ratelimit_near_limit_total`, the allowed requests after which a
+//! window had spent at least 80% of its limit (budgets about to be
+//! denied); `tower_ratelimit_store_errors_total`; and the histogram
+//! `tower_ratelimit_store_latency_seconds` (every call of an asynchronous
+//! store, failed ones included; not a call the client gave up on before it
+//! ended).
 
 #![forbid(unsafe_code)]
 // Nothing on a request path may panic; tests may unwrap.

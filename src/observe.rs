@@ -1,22 +1,5 @@
-//! Logs and metrics of decisions.
-//!
-//! Events (`tracing`, target `tower_ratelimit`): `debug` for every limited
-//! request (route pattern, outcome, remaining, and `store_us`, the store's
-//! latency in microseconds, when an asynchronous store was asked), `trace` adds
-//! the budget key (which contains the encoded user: never at `info`),
-//! `info` when shadow mode lets through a request it would deny, `warn` (at
-//! most once a second) when the store fails.
-//!
-//! Metrics (cargo feature `metrics`, through the `metrics` crate):
-//! `tower_ratelimit_requests_total{outcome}` with outcome `allowed`,
-//! `denied`, `denied_locally`, `shadow_denied`, `fail_open`, `fail_closed`,
-//! `fallback` (allowed by the fallback store while the store is failing) or
-//! `fallback_denied`; `tower_ratelimit_near_limit_total`, the allowed requests
-//! after which a window had spent at least 80% of its limit (envoy's
-//! near-limit: budgets about to be denied); `tower_ratelimit_store_errors_total`;
-//! and the histogram `tower_ratelimit_store_latency_seconds` (every call of
-//! an asynchronous store, failed ones included; not a call the client gave
-//! up on before it ended).
+//! Logs and metrics of decisions: what is sent is described in the crate
+//! docs (*Logs and metrics*).
 
 use std::time::Duration;
 

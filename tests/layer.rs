@@ -396,3 +396,103 @@ async fn a_layer_inside_a_nested_router_sees_the_nested_path() {
         .layer(layer("^/api/towns"));
     assert_eq!(statuses(outside).await, limited);
 }
+
+/// An inner service that counts its clones (the layer clones it to hold a
+/// request it cannot decide at once) and answers "ok".
+struct Counted {
+    clones: Arc<AtomicUsize>,
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        Counted {
+            clones: self.clones.clone(),
+        }
+    }
+}
+
+impl tower::Service<Request<Body>> for Counted {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = Ready<Result<Response<Body>, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        ready(Ok(Response::new(Body::from("ok"))))
+    }
+}
+
+/// Three requests (users u, u, v) through `service`: their statuses.
+async fn statuses_of<S, B>(mut service: S) -> Vec<StatusCode>
+where
+    S: tower::Service<Request<Body>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut statuses = Vec::new();
+    for name in ["u", "u", "v"] {
+        let request = Request::get("/a")
+            .header("x-user", name)
+            .body(Body::empty())
+            .unwrap();
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        statuses.push(response.status());
+    }
+    statuses
+}
+
+/// `identity::immediate` decides a request at once, as the built-ins do:
+/// the layer never holds it (no clone of the inner service), where a
+/// closure returning a future, ready or not, is awaited with the request
+/// held; both name the same users and budgets.
+#[tokio::test]
+async fn an_immediate_identity_is_decided_without_holding_the_request() {
+    use tower::Layer;
+    use tower_ratelimit::identity::{self, Identity};
+    fn user(head: &http::request::Parts) -> Identity {
+        let name = head
+            .headers
+            .get("x-user")
+            .map_or(&b""[..], |v| v.as_bytes());
+        Identity::new(name.to_vec())
+    }
+    for immediate in [true, false] {
+        let clones = Arc::new(AtomicUsize::new(0));
+        let inner = Counted {
+            clones: clones.clone(),
+        };
+        let layer = RateLimitLayer::new(rules(), MemoryStore::new());
+        let statuses = if immediate {
+            statuses_of(
+                layer
+                    .identify(identity::immediate(|head| Ok(user(head))))
+                    .layer(inner),
+            )
+            .await
+        } else {
+            let future = |head: &http::request::Parts| ready(Ok(user(head)));
+            statuses_of(layer.identify(future).layer(inner)).await
+        };
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::OK
+            ],
+            "immediate {immediate}"
+        );
+        let expected = if immediate { 0 } else { 3 };
+        assert_eq!(
+            clones.load(Ordering::SeqCst),
+            expected,
+            "immediate {immediate}"
+        );
+    }
+}

@@ -32,6 +32,12 @@
 //! that no identity can reach another user's budget (see
 //! [the crate docs](crate#keys)).
 //!
+//! The layer cannot know that a closure's future is ready before it polls
+//! it, so it holds the request for it (one allocation and a clone of the
+//! inner service per limited request). An identity that never waits (it
+//! reads the head, nothing else) should say so with [`immediate`]: the
+//! layer then decides at once, as it does with the built-ins.
+//!
 //! Users are their bytes and nothing else. An identity function that
 //! returns users of several kinds (an API key when there is one, else the
 //! client's IP) should give each kind a prefix the others cannot have, or
@@ -40,16 +46,16 @@
 //!
 //! ```
 //! use http::request::Parts;
-//! use tower_ratelimit::identity::{ClientIp, Identity, IdentityError};
+//! use tower_ratelimit::identity::{self, ClientIp, Identity, IdentityError};
 //!
-//! fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
-//!     std::future::ready(match (head.headers.get("x-api-key"), ClientIp::peer(head)) {
+//! let identify = identity::immediate(|head: &Parts| {
+//!     match (head.headers.get("x-api-key"), ClientIp::peer(head)) {
 //!         // (No IP's text starts with "key:".)
 //!         (Some(key), _) => Ok(Identity::new([b"key:".as_slice(), key.as_bytes()].concat())),
 //!         (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),
 //!         (None, None) => Err(IdentityError::new("no api key and no peer address")),
-//!     })
-//! }
+//!     }
+//! });
 //! # let _ = tower_ratelimit::RateLimitLayer::new(
 //! #     tower_ratelimit::Rules::builder().build().unwrap(),
 //! #     tower_ratelimit::MemoryStore::new(),
@@ -246,6 +252,10 @@ impl fmt::Display for IdentityError {
 impl std::error::Error for IdentityError {}
 
 /// Tells who sent a request. See the [module docs](self).
+///
+/// Closures returning a future implement it (awaited: the layer holds the
+/// request meanwhile), and so does [`immediate`] around a closure that
+/// answers at once.
 pub trait Identify: Send + Sync + 'static {
     /// The future of one identification.
     type Future: Future<Output = Result<Identity, IdentityError>> + Send + 'static;
@@ -289,6 +299,63 @@ where
     fn identify(&self, head: &Parts) -> Fut {
         self(head)
     }
+}
+
+/// An identity function that answers at once, without a future: see
+/// [`immediate`].
+#[derive(Clone)]
+pub struct Immediate<F>(F);
+
+impl<F> fmt::Debug for Immediate<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Immediate(..)")
+    }
+}
+
+/// An identity function that never waits: `f` reads the request's head and
+/// returns the identity. The layer decides such a request at once, as it
+/// does with the built-in identities, where a closure returning a future
+/// (even a ready one) makes it hold the request until the future is polled
+/// (one allocation and a clone of the inner service per limited request).
+///
+/// ```
+/// use http::request::Parts;
+/// use tower_ratelimit::identity::{self, Identity};
+/// use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+///
+/// let rules = Rules::builder().route("^/", [Rule::new().second(10)]).build()?;
+/// let layer = RateLimitLayer::new(rules, MemoryStore::new()).identify(identity::immediate(
+///     |head: &Parts| {
+///         Ok(match head.headers.get("x-api-key") {
+///             Some(key) => Identity::new([b"key:".as_slice(), key.as_bytes()].concat()),
+///             None => Identity::new("anonymous"),
+///         })
+///     },
+/// ));
+/// # let _ = layer;
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+pub fn immediate<F>(f: F) -> Immediate<F>
+where
+    F: Fn(&Parts) -> Result<Identity, IdentityError> + Send + Sync + 'static,
+{
+    Immediate(f)
+}
+
+impl<F> Immediate<F>
+where
+    F: Fn(&Parts) -> Result<Identity, IdentityError> + Send + Sync + 'static,
+{
+    fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
+        (self.0)(head)
+    }
+}
+
+impl<F> Identify for Immediate<F>
+where
+    F: Fn(&Parts) -> Result<Identity, IdentityError> + Send + Sync + 'static,
+{
+    ready_identity!();
 }
 
 /// The peer's IP address, in group `"default"`.
