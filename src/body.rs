@@ -2,7 +2,8 @@
 //! service's body, or the layer's own (a 429, 401 or 503 answer).
 //!
 //! By default the service wraps both in a [`RateLimitBody`], which works
-//! with any inner body. An inner body that can be made from [`Bytes`]
+//! with any inner body whose chunks are [`Bytes`] (`Body<Data = Bytes>`,
+//! as axum's, hyper's `Incoming` and tonic's are). An inner body that can be made from [`Bytes`]
 //! (axum's `Body`, `http_body_util::Full<Bytes>`) can keep its own type
 //! instead ([`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body)):
 //! axum then has no foreign body to box on every response.

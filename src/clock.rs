@@ -1,8 +1,9 @@
 //! Time sources.
 //!
-//! Every time-dependent decision in this crate reads a [`Clock`], never the
-//! system clock directly, so window edges can be tested exactly with a
-//! [`ManualClock`].
+//! Every decision on a budget reads a [`Clock`] (the store's, or the
+//! layer's when one is given), so window edges can be tested exactly with
+//! a [`ManualClock`]. (Without one, the layer times its denial cache and
+//! its fallback probes on the system's monotonic clock.)
 //!
 //! ```
 //! use std::time::Duration;
@@ -21,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A point in time: whole microseconds since the Unix epoch.
 ///
 /// Microseconds are the resolution of Redis' `TIME` and fit exactly in the
-/// 53-bit mantissa of a sorted-set score for the next 250 years.
+/// 53-bit mantissa of a sorted-set score until the year 2255.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(u64);
 

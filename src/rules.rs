@@ -62,7 +62,7 @@ pub const MAX_LOG_LIMIT: u32 = 1_000_000;
 /// penalty adds to it: each unit is an entry the store writes, so a single
 /// request of a cost a client chose (a size header) could otherwise make
 /// Redis write megabytes in one script call and stall everyone else's
-/// (about 0.2 µs of Redis per entry: this many take about 0.3 ms). A
+/// (about 0.2 µs of Redis per entry: this many take about 0.2 ms). A
 /// costlier request is answered as one that costs more than its limit (a
 /// 429 without `Retry-After`, nothing written); budgets of bytes want the
 /// sliding window or the token bucket, whose work does not grow with the
@@ -231,6 +231,10 @@ impl Rule {
     }
 
     /// Applies the rule only to requests with this method (e.g. `"POST"`).
+    /// A `GET` rule also limits `HEAD` requests, on the same budget (so a
+    /// later `HEAD` rule for the same group could never apply, and is a
+    /// build error). The rule has a budget of its own, unless it names a
+    /// [zone](Self::zone).
     pub fn method(mut self, method: impl AsRef<str>) -> Self {
         self.method = Some(method.as_ref().to_ascii_uppercase());
         self
@@ -249,10 +253,12 @@ impl Rule {
     }
 
     /// Blocks a user who exceeds this rule for `duration`: every request of
-    /// theirs to the route is denied until it ends (set atomically with the
-    /// denial; `Retry-After` and the headers report the block). The block is
-    /// on the rule's budget, so in a [zone](Self::zone) it holds every route
-    /// whose rule also has a block time. In shadow mode no block is set.
+    /// theirs under this rule's budget is denied until it ends (set
+    /// atomically with the denial; `Retry-After` and the headers report the
+    /// block). The block is on the rule's budget and holds the rules on it
+    /// that also have a block time: in a [zone](Self::zone), every route
+    /// whose rule has one; a rule of another method has a budget of its
+    /// own, which the block does not hold. In shadow mode no block is set.
     pub fn block_time(mut self, duration: Duration) -> Self {
         self.block_time = Some(duration);
         self
@@ -573,8 +579,9 @@ impl Route {
         self
     }
 
-    /// A route-wide budget: the windows of `limits` (its group is ignored)
-    /// are shared by every user of the route, and checked atomically with
+    /// A route-wide budget: the windows of `limits` (only its windows are
+    /// read: a group is ignored, and an algorithm, block time, method or
+    /// zone is a build error) are shared by every user of the route, and checked atomically with
     /// each user's own windows in the same store call. A request passes only
     /// if both allow it; a denied one consumes neither. Groups whose rule
     /// has no windows stay unlimited.
@@ -1496,9 +1503,11 @@ fn compile_rule(
 ///
 /// Fields of a rule: `group` (default `"default"`), `method`, `zone`,
 /// `algorithm`, `block_time` (seconds), `second`, `minute`, `hour`, `day`,
-/// `month` and `windows = [{ seconds = 10, limit = 5 }]` (`millis` instead
-/// of `seconds` for sub-second windows). A route has `path`, `rules`,
-/// `global` (window fields only) and `shadow`. Unknown fields are errors.
+/// `month`, `limits = "5/second; 100 per minute"` (Flask-Limiter's notation) and
+/// `windows = [{ seconds = 10, limit = 5 }]` (`millis` instead of `seconds`
+/// for sub-second windows). A route has `path`, `rules`, `global` (window
+/// fields only: `second` to `month`, `limits`, `windows`) and `shadow`.
+/// Unknown fields are errors.
 #[derive(Clone, Debug)]
 pub struct Config {
     groups: BTreeMap<String, String>,

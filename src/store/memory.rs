@@ -631,7 +631,7 @@ impl Store for MemoryStore {
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
         let check = check.as_ref();
-        let result = check.supported().map(|()| {
+        let result = check.shape_supported().map(|()| {
             if !adjustment.is_empty() && !check.windows.is_empty() {
                 self.adjust_now(&check, adjustment);
             }

@@ -226,6 +226,22 @@ impl CheckRef<'_> {
     /// assert!(counted.as_ref().supported().is_ok());
     /// ```
     pub fn supported(&self) -> Result<(), StoreError> {
+        self.shape_supported()?;
+        // (One that costs more than a limit writes nothing: refused as such
+        // by the store.)
+        if self.algorithm == Algorithm::SlidingLog
+            && self.cost > crate::rules::MAX_LOG_COST
+            && self.windows.iter().all(|w| self.cost <= w.limit())
+        {
+            return Err(log_cost_too_high(self.cost));
+        }
+        Ok(())
+    }
+
+    /// [`supported`](Self::supported) without the cost: whether the
+    /// store can keep this budget at all (what an adjustment, whose cost
+    /// is not read, needs).
+    pub(crate) fn shape_supported(&self) -> Result<(), StoreError> {
         let global = self.global.map_or(&[][..], |g| g.windows);
         if self.windows.len() > MAX_WINDOWS || global.len() > MAX_WINDOWS {
             return Err(too_many_windows(self.windows.len(), global.len()));
@@ -238,14 +254,6 @@ impl CheckRef<'_> {
                 .any(|w| w.limit() > crate::rules::MAX_LOG_LIMIT)
         {
             return Err(log_too_long());
-        }
-        // (One that costs more than a limit writes nothing: refused as such
-        // by the store.)
-        if self.algorithm == Algorithm::SlidingLog
-            && self.cost > crate::rules::MAX_LOG_COST
-            && self.windows.iter().all(|w| self.cost <= w.limit())
-        {
-            return Err(log_cost_too_high(self.cost));
         }
         Ok(())
     }
@@ -290,8 +298,9 @@ fn too_many_windows(user: usize, global: usize) -> StoreError {
 }
 
 /// A [`Check`] borrowed from the layer's rule table: what a store that
-/// decides at once needs, made per request without allocating anything
-/// (the budget key lives on the stack).
+/// decides at once needs, made per request without allocating (the budget
+/// key lives on the stack, unless its policy part is unusually long: a
+/// group name of more than about 100 bytes).
 ///
 /// ```
 /// use std::time::Duration;
@@ -563,7 +572,10 @@ impl Decision {
     }
 
     /// Time until the [constraining](Self::constraining) window frees its
-    /// next slot (zero when that window is empty).
+    /// next slot. When that window is empty (only a check of cost 0 sees
+    /// one), it is zero for the sliding log and the token bucket, the time
+    /// to the window's end for the fixed window, and the window's length
+    /// for the sliding window.
     pub fn reset_after(&self) -> Duration {
         Duration::from_micros(self.reset_after)
     }
@@ -774,7 +786,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Whether [`check_now`](Self::check_now) always answers, and never
-    /// with an error (the memory store's does). The layer then asks it
+    /// with an error for a check the layer makes (the memory store's does:
+    /// it refuses only checks no rule table builds, such as more windows
+    /// than a rule may have). The layer then asks it
     /// first, without reading its denial cache (which only spares waits)
     /// or its fallback state (which only spares a store that is down):
     /// less memory touched per request. The default, `false`, keeps the

@@ -2719,7 +2719,7 @@ impl Store for RedisStore {
     }
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
-        if let Err(error) = check.as_ref().supported() {
+        if let Err(error) = check.as_ref().shape_supported() {
             return Box::pin(std::future::ready(Err(error)));
         }
         if adjustment.is_empty() || check.windows.is_empty() {

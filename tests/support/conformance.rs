@@ -38,6 +38,7 @@ macro_rules! conformance_suite {
             a_sliding_log_request_beyond_the_cost_cap_writes_nothing,
             adjustments_penalize_and_refund,
             adjustments_reach_the_user_alone,
+            an_adjustment_reads_no_cost,
         );
         $crate::conformance_suite!(@algorithms $make;
             sliding_log: tower_ratelimit::Algorithm::SlidingLog,
@@ -1026,6 +1027,24 @@ pub async fn adjustments_penalize_and_refund<St: Store>(
             "{algorithm:?} after {wait} s"
         );
     }
+}
+
+/// An adjustment reads the check's budget, windows and algorithm, not its
+/// cost: a check whose cost a sliding log would refuse (beyond
+/// `MAX_LOG_COST`) is adjusted all the same.
+pub async fn an_adjustment_reads_no_cost<St: Store>(store: impl std::future::Future<Output = St>) {
+    use tower_ratelimit::rules::MAX_LOG_COST;
+    use tower_ratelimit::{Check, Window};
+    let store = store.await;
+    let window = Window::new(Duration::from_secs(60), 5_000).unwrap();
+    let check = Check::new("r1:adjcost", [window]).with_cost(MAX_LOG_COST + 1);
+    store
+        .adjust(check.clone(), Adjustment::Penalty(3))
+        .await
+        .unwrap();
+    let after = store.check(check.with_cost(1)).await.unwrap();
+    assert!(after.allowed());
+    assert_eq!(after.windows()[0].remaining, 5_000 - 3 - 1);
 }
 
 /// A penalty spends the user's own budget, not the route's, and works on a
