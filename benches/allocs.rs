@@ -25,6 +25,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt};
 use tower_ratelimit::clock::{ManualClock, Timestamp};
+use tower_ratelimit::identity::{self, ClientIp, Identify, Identity};
 use tower_ratelimit::store::redis::{script_args, straight_lua, RedisStore};
 use tower_ratelimit::{
     Algorithm, Check, HeaderMode, MemoryStore, RateLimitLayer, Rule, Rules, Store, Window,
@@ -66,6 +67,18 @@ fn per_request(limit: u32, path: &str, cache: usize, rounds: u64) -> f64 {
 }
 
 fn per_request_with(rule: Rule, headers: HeaderMode, path: &str, cache: usize, rounds: u64) -> f64 {
+    per_request_identified(rule, headers, path, cache, rounds, ClientIp)
+}
+
+/// [`per_request_with`] with the identity `identity`.
+fn per_request_identified(
+    rule: Rule,
+    headers: HeaderMode,
+    path: &str,
+    cache: usize,
+    rounds: u64,
+    identity: impl Identify,
+) -> f64 {
     let rules = Rules::builder()
         .route("^/api", [rule])
         .headers(headers)
@@ -82,7 +95,8 @@ fn per_request_with(rule: Rule, headers: HeaderMode, path: &str, cache: usize, r
         .layer(
             RateLimitLayer::new(rules, MemoryStore::new())
                 .denial_cache(cache)
-                .clock(clock.clone()),
+                .clock(clock.clone())
+                .identify(identity),
         )
         .service(inner);
     let mut run = |n: u64| {
@@ -322,6 +336,28 @@ fn main() {
                 "/api",
                 0,
                 rounds,
+            ),
+        ),
+        (
+            "allowed, identity::immediate",
+            per_request_identified(
+                Rule::new().second(1000),
+                HeaderMode::X,
+                "/api",
+                0,
+                rounds,
+                identity::immediate(|_| Ok(Identity::from_slice(b"user"))),
+            ),
+        ),
+        (
+            "allowed, a closure's future",
+            per_request_identified(
+                Rule::new().second(1000),
+                HeaderMode::X,
+                "/api",
+                0,
+                rounds,
+                |_: &http::request::Parts| ready(Ok(Identity::from_slice(b"user"))),
             ),
         ),
         ("denied by the store", per_request(1, "/api", 0, rounds)),
