@@ -719,6 +719,15 @@ pub enum Adjustment {
     /// answer should not count, such as a server error): the newest
     /// entries of a sliding log, the current window's count of a fixed or
     /// sliding window, `n` tokens of a bucket (never more than it holds).
+    ///
+    /// Those are the refunded request's own units when the budget recorded
+    /// nothing after it and no fixed window began since. The layer refunds
+    /// as the request's answer leaves: a handler slow enough for the same
+    /// user's other requests to pass meanwhile makes the refund give back
+    /// one of theirs (or the new window's), and the budget may then let
+    /// through up to `n` requests more than its limit within a window's
+    /// span (never more than its limit plus the units refunded). A refund
+    /// never takes a budget below empty.
     Refund(u32),
 }
 
