@@ -580,8 +580,8 @@ impl Route {
     }
 
     /// A route-wide budget: the windows of `limits` (only its windows are
-    /// read: a group is ignored, and an algorithm, block time, method or
-    /// zone is a build error) are shared by every user of the route, and checked atomically with
+    /// read: a group is ignored, and an algorithm other than the default,
+    /// a block time, a method or a zone is a build error) are shared by every user of the route, and checked atomically with
     /// each user's own windows in the same store call. A request passes only
     /// if both allow it; a denied one consumes neither. Groups whose rule
     /// has no windows stay unlimited.

@@ -467,7 +467,12 @@ async fn an_immediate_identity_is_decided_without_holding_the_request() {
         let inner = Counted {
             clones: clones.clone(),
         };
-        let layer = RateLimitLayer::new(rules(), MemoryStore::new());
+        // (A minute's budget: the requests' pace does not matter.)
+        let rules = Rules::builder()
+            .route("^/a", [Rule::new().minute(1)])
+            .build()
+            .unwrap();
+        let layer = RateLimitLayer::new(rules, MemoryStore::new());
         let statuses = if immediate {
             statuses_of(
                 layer

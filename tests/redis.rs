@@ -1375,6 +1375,26 @@ async fn a_target_set_up_wrongly_is_an_error_at_build() {
     let e = RedisStore::builder().url(denied).build().await.unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     assert!(e.to_string().contains("no permissions"), "{e}");
+    // One allowed `SCRIPT LOAD` alone (no `SCRIPT EXISTS`) is enough.
+    assert_eq!(
+        acl.cli(&[
+            "acl",
+            "setuser",
+            "loader",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-script",
+            "+script|load"
+        ]),
+        "OK"
+    );
+    let least = format!("redis://loader:pw@127.0.0.1:{}", acl.port);
+    let store = RedisStore::builder().url(least).build().await.unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert!(app.get("/a", "u").await.limited());
 }
 
 /// A server that refuses every command for a while (`LOADING`: reading its

@@ -35,8 +35,10 @@
 //! The layer cannot know that a closure's future is ready before it polls
 //! it, so it holds the request for it (one allocation and a clone of the
 //! inner service per limited request). An identity that never waits (it
-//! reads the head, nothing else) should say so with [`immediate`]: the
-//! layer then decides at once, as it does with the built-ins.
+//! reads the head, nothing else) should say so with [`immediate`]: on a
+//! store that answers at once (the memory store) the layer then decides at
+//! once, as it does with the built-ins. (A request waiting for Redis is
+//! held either way.)
 //!
 //! Users are their bytes and nothing else. An identity function that
 //! returns users of several kinds (an API key when there is one, else the
@@ -313,10 +315,11 @@ impl<F> fmt::Debug for Immediate<F> {
 }
 
 /// An identity function that never waits: `f` reads the request's head and
-/// returns the identity. The layer decides such a request at once, as it
-/// does with the built-in identities, where a closure returning a future
-/// (even a ready one) makes it hold the request until the future is polled
-/// (one allocation and a clone of the inner service per limited request).
+/// returns the identity. On a store that answers at once (the memory
+/// store), the layer decides such a request at once, as it does with the
+/// built-in identities, where a closure returning a future (even a ready
+/// one) makes it hold the request until the future is polled (one
+/// allocation and a clone of the inner service per limited request).
 ///
 /// ```
 /// use http::request::Parts;

@@ -572,8 +572,8 @@ impl Decision {
     }
 
     /// Time until the [constraining](Self::constraining) window frees its
-    /// next slot. When that window is empty (only a check of cost 0 sees
-    /// one), it is zero for the sliding log and the token bucket, the time
+    /// next slot. When that window is empty (a check of cost 0, or a
+    /// denial that wrote nothing on a budget with nothing spent), it is zero for the sliding log and the token bucket, the time
     /// to the window's end for the fixed window, and the window's length
     /// for the sliding window.
     pub fn reset_after(&self) -> Duration {
@@ -810,7 +810,8 @@ pub trait Store: Send + Sync + 'static {
     /// Applies `adjustment` to the user's budget of `check` (its budget,
     /// windows and algorithm, and the shape that picks where a store keeps
     /// them: give it the check the requests of that budget make; its cost
-    /// is not read). An adjustment of 0, or of a check without windows,
+    /// is not read: a store of your own that validates the check with
+    /// [`CheckRef::supported`] should do so at cost 1). An adjustment of 0, or of a check without windows,
     /// changes nothing. The built-in stores implement it; the default
     /// answers a [`StoreErrorKind::Config`] error.
     ///

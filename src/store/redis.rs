@@ -68,11 +68,11 @@
 //! 50 ms) covering the script and its `NOSCRIPT` retry. A check that misses
 //! it, or fails, returns a [`StoreError`] and the layer applies its
 //! [`FailMode`](crate::FailMode). A broken connection is replaced in the
-//! background (retrying every 50 to 500 ms), so limiting resumes by itself
+//! background (retrying every 25 to 500 ms), so limiting resumes by itself
 //! within a second of Redis answering again; requests never wait for a
 //! reconnect (each try after a random part of the backoff, so replicas
 //! that lost Redis together do not come back in step; a server still
-//! loading its data is sent nothing more until it answers). The scripts
+//! loading its data is sent no scripts until it answers). The scripts
 //! are loaded with `SCRIPT LOAD` when a connection is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
 //! call load its script again and retry.
 //!
@@ -497,8 +497,8 @@ impl Scripts {
     }
 
     /// Loads the scripts `cmds` name (each once): what a `NOSCRIPT` reply
-    /// needs, in as many round trips as there are distinct scripts (one,
-    /// as a rule), not one per script the store has.
+    /// needs, all at once (one round trip on a multiplexed connection), not
+    /// every script the store has.
     async fn load_for<'a, C: ConnectionLike + Clone>(
         &self,
         conn: &mut C,
@@ -1292,14 +1292,14 @@ async fn run_batch<C: ConnectionLike + Clone>(
         }
     }
     // (A replica's answer, to the call or to a check inside a batch
-    // script's, or a connection that broke or timed out under a `NOSCRIPT`
-    // reload or its second try: the connection is to be remade, or the
-    // timeout counted, now rather than at the next batch.)
+    // script's, or a connection that broke under a `NOSCRIPT` reload or its
+    // second try: the connection is to be remade, now rather than at the
+    // next batch.)
     if health.is_none() {
         health = out.iter().find_map(|r| {
             r.as_ref()
                 .err()
-                .filter(|e| read_only(e) || broken(e) || e.is_timeout())
+                .filter(|e| read_only(e) || broken(e))
                 .cloned()
         });
     }
@@ -1541,6 +1541,10 @@ struct Lazy<C> {
     /// Set by every reply; the keepalive task clears it, and pings a
     /// connection that stayed idle.
     used: AtomicBool,
+    /// When a call last got a reply (see [`Lazy::micros`]; 0: never): a
+    /// reconnect loop beside a kept Cluster client ends once it answers
+    /// again.
+    answered_at: AtomicU64,
     clock: Arc<ServerClock>,
     /// Set for Sentinel (see [`Follow`]).
     follow: Option<Follow>,
@@ -1591,6 +1595,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             drop_when_broken: shape.drop_when_broken,
             heals: shape.heals,
             used: AtomicBool::new(false),
+            answered_at: AtomicU64::new(0),
             scripts,
             combine: AtomicBool::new(true),
             load_timeout,
@@ -1843,11 +1848,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             return;
         };
         let weak = Arc::downgrade(self);
+        let started = self.micros(tokio::time::Instant::now());
         runtime.spawn(async move {
             let mut backoff = Duration::from_millis(50);
             let mut told = false;
             loop {
                 let Some(this) = weak.upgrade() else { return };
+                // (A kept Cluster client that answers again has healed: no
+                // other is needed, and a caller's pool may have none to
+                // give while the store holds its last.)
+                if this.get().is_some() && this.answered_at.load(Ordering::Relaxed) > started {
+                    tracing::info!("the kept redis cluster client answers again");
+                    this.reconnecting.store(false, Ordering::Release);
+                    return;
+                }
                 match this.try_connect().await {
                     Ok(()) => {
                         tracing::info!("rate-limit store reconnected to redis");
@@ -1879,6 +1893,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             Ok(_) => {
                 self.timeouts.store(0, Ordering::Relaxed);
                 self.used.store(true, Ordering::Relaxed);
+                if !self.drop_when_broken {
+                    let now = self.micros(tokio::time::Instant::now());
+                    self.answered_at.store(now, Ordering::Relaxed);
+                }
             }
             // (redis-rs reports its response timeout as an I/O error: it is
             // checked first, so one slow reply does not drop the connection.)
@@ -1961,14 +1979,15 @@ fn misconfigured(e: &RedisError) -> bool {
         .any(|sign| text.contains(sign))
 }
 
-/// A server's refusal of any command for a while, or of this user's:
-/// loading its data (`LOADING`), a replica cut from its master
-/// (`MASTERDOWN`), a script running too long (`BUSY`), a Cluster not
-/// serving (`CLUSTERDOWN`, `TRYAGAIN`), an ACL (`NOPERM`).
+/// A server's refusal of any command for a while: loading its data
+/// (`LOADING`), a replica cut from its master (`MASTERDOWN`), a script
+/// running too long (`BUSY`), a Cluster not serving (`CLUSTERDOWN`,
+/// `TRYAGAIN`). (Not an ACL's `NOPERM` on `SCRIPT EXISTS`: the scripts are
+/// then loaded, and a `NOPERM` on that is a setup error.)
 fn refuses_for_now(e: &RedisError) -> bool {
     matches!(
         e.code(),
-        Some("LOADING" | "MASTERDOWN" | "BUSY" | "CLUSTERDOWN" | "TRYAGAIN" | "NOPERM")
+        Some("LOADING" | "MASTERDOWN" | "BUSY" | "CLUSTERDOWN" | "TRYAGAIN")
     )
 }
 
@@ -2816,9 +2835,12 @@ impl RedisStoreBuilder {
     }
 
     /// A `deadpool-redis` cluster pool owned by the caller; one of its
-    /// connections is kept checked out, as with [`pool`](Self::pool). (A
-    /// broken one is given back, not kept beside its replacement, though a
-    /// Cluster client may heal by itself.)
+    /// connections is kept checked out, as with [`pool`](Self::pool). A
+    /// Cluster client heals node by node, so it is kept while one master is
+    /// in trouble (it still serves the others): after timeouts in a row the
+    /// store asks the pool for another in the background, swaps it in once
+    /// it is ready, and stops asking once the kept one answers again. Size
+    /// the pool for your own code plus two connections.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::ClusterPool(pool));
         self
@@ -2912,8 +2934,11 @@ impl RedisStoreBuilder {
     /// `url(..)` or `pool(..)` on a node of a Cluster of several masters
     /// (which would answer `MOVED` for the others' budgets), a master name
     /// no sentinel knows, a password the server refuses, a user whose ACL
-    /// denies `SCRIPT` (the store needs `SCRIPT`, `EVALSHA`, `TIME`, and
-    /// reads `INFO`). A Redis that
+    /// denies `SCRIPT LOAD`. (The store's user needs `EVALSHA` and
+    /// `SCRIPT LOAD`, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
+    /// its ACL allows them; on a Cluster, also what redis-rs's cluster
+    /// client asks, such as `CLUSTER SLOTS`. One denied `EVALSHA` builds,
+    /// and every check fails.) A Redis that
     /// cannot be reached yet is not an error: the store logs a warning,
     /// keeps connecting in the background, and until then every check
     /// fails, so the layer's fail mode applies.
