@@ -149,6 +149,13 @@ impl Entry {
         }
     }
 
+    /// Whether this is the entry of `budget` whose hash is `hash` (for one
+    /// algorithm: see [`MemoryStore::hash_of`]).
+    #[inline]
+    fn is(&self, hash: u64, budget: &str) -> bool {
+        self.hash == hash && self.budget.is(budget)
+    }
+
     /// Whether the entry holds anything at `now`.
     fn live(&self, now: u64) -> bool {
         self.expires > now || self.blocked_until > now
@@ -474,10 +481,10 @@ impl MemoryStore {
     fn adjust_now(&self, check: &CheckRef<'_>, adjustment: Adjustment) {
         let inner = &*self.inner;
         let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
-        let hash = inner.hasher.hash_one(check.budget);
+        let hash = self.hash_of(check.budget, check.algorithm);
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         let (algorithm, windows) = (check.algorithm, check.windows);
-        if let Some(entry) = shard.table.find_mut(hash, |e| e.budget.is(check.budget)) {
+        if let Some(entry) = shard.table.find_mut(hash, |e| e.is(hash, check.budget)) {
             let expires = entry.state.adjust(algorithm, windows, adjustment, now);
             entry.expires = entry.expires.max(expires);
             return;
@@ -492,6 +499,24 @@ impl MemoryStore {
         }
     }
 
+    /// The hash of `budget`'s entry for `algorithm`. A budget has one entry
+    /// per algorithm (as it has one key per algorithm on Redis), so that
+    /// tables of two algorithms in use at once (during a reload, or on
+    /// replicas on either side of one) each find their own state and
+    /// neither resets the other's: the hashes of one budget's entries
+    /// differ by a constant per algorithm (none for the default), and an
+    /// entry is found by its whole hash and its budget.
+    #[inline]
+    fn hash_of(&self, budget: &str, algorithm: Algorithm) -> u64 {
+        let salt = match algorithm {
+            Algorithm::SlidingLog => 0,
+            Algorithm::SlidingWindow => 0x9e37_79b9_7f4a_7c15,
+            Algorithm::FixedWindow => 0xc2b2_ae3d_27d4_eb4f,
+            Algorithm::TokenBucket => 0x1656_67b1_9e37_79f9,
+        };
+        self.inner.hasher.hash_one(budget) ^ salt
+    }
+
     fn shard_of(&self, hash: u64) -> usize {
         // (The shard count is a power of two: the mask keeps the index in
         // range whatever the shift, without a division.)
@@ -501,14 +526,14 @@ impl MemoryStore {
     fn decide(&self, check: &CheckRef<'_>) -> Decision {
         let inner = &*self.inner;
         let now = check.now.unwrap_or_else(|| inner.clock.now()).as_micros();
-        let hash = inner.hasher.hash_one(check.budget);
+        let hash = self.hash_of(check.budget, check.algorithm);
         let user_shard = self.shard_of(hash);
         let Some(global) = check.global else {
             let mut shard = lock(&inner.shards[user_shard]);
             if now >= shard.sweep_by {
                 shard.sweep_now(now);
             }
-            if let Some(entry) = shard.table.find_mut(hash, |e| e.budget.is(check.budget)) {
+            if let Some(entry) = shard.table.find_mut(hash, |e| e.is(hash, check.budget)) {
                 return entry.decide(check, None, now);
             }
             return shard.decide_new(hash, check, now);
@@ -531,7 +556,7 @@ impl MemoryStore {
         // Two budgets, perhaps in two shards: lock them in index order so
         // concurrent checks cannot deadlock, take both entries out, decide,
         // and put back what is still live.
-        let global_hash = inner.hasher.hash_one(global.budget);
+        let global_hash = self.hash_of(global.budget, check.algorithm);
         let global_shard = self.shard_of(global_hash);
         let (mut first, mut second) = match user_shard.cmp(&global_shard) {
             std::cmp::Ordering::Equal => (lock(&inner.shards[user_shard]), None),
@@ -576,7 +601,7 @@ impl ShardState {
     }
 
     fn take(&mut self, hash: u64, budget: &str) -> Option<Entry> {
-        let entry = self.table.find_entry(hash, |e| e.budget.is(budget)).ok()?;
+        let entry = self.table.find_entry(hash, |e| e.is(hash, budget)).ok()?;
         Some(entry.remove().0)
     }
 

@@ -39,6 +39,7 @@ macro_rules! conformance_suite {
             adjustments_penalize_and_refund,
             adjustments_reach_the_user_alone,
             an_adjustment_reads_no_cost,
+            two_algorithms_on_one_budget_keep_their_own_state,
         );
         $crate::conformance_suite!(@algorithms $make;
             sliding_log: tower_ratelimit::Algorithm::SlidingLog,
@@ -1027,6 +1028,34 @@ pub async fn adjustments_penalize_and_refund<St: Store>(
             "{algorithm:?} after {wait} s"
         );
     }
+}
+
+/// A budget checked under several algorithms at once (two tables in use
+/// during a reload, replicas on either side of one) keeps a state per
+/// algorithm: each allows its own limit, and none resets another's.
+/// (Before, the memory store kept one state per budget, which each change
+/// of algorithm started afresh: alternating two tables allowed every
+/// request.)
+pub async fn two_algorithms_on_one_budget_keep_their_own_state<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    use tower_ratelimit::clock::Timestamp;
+    use tower_ratelimit::{Check, Window};
+    let store = store.await;
+    let window = Window::new(Duration::from_secs(60), 5).unwrap();
+    // (One instant, a second into a minute: no window turns meanwhile.)
+    let at = Timestamp::from_micros(1_767_225_601_000_000);
+    let mut allowed = [0u32; ALGORITHMS.len()];
+    for i in 0..10 * ALGORITHMS.len() {
+        let k = i % ALGORITHMS.len();
+        let check = Check::new("r1:two-algorithms", [window])
+            .with_algorithm(ALGORITHMS[k])
+            .at(at);
+        if store.check(check).await.unwrap().allowed() {
+            allowed[k] += 1;
+        }
+    }
+    assert_eq!(allowed, [5; ALGORITHMS.len()], "{ALGORITHMS:?}");
 }
 
 /// An adjustment reads the check's budget, windows and algorithm, not its
