@@ -60,12 +60,17 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 /// - a sliding log keeps its log of requests, which the new rule's windows
 ///   count whatever their lengths: a user who spent 8 of a limit of 10
 ///   still has 2 if the new table keeps that limit, and 12 if it raises it
-///   to 20;
+///   to 20. The log holds only the requests of the old rule's longest
+///   window (older ones are dropped as checks go, at each check in memory,
+///   in passing on Redis), so a window made longer counts the requests
+///   made before the swap only as far back as the old one reached;
 /// - the counter algorithms keep the state of each window whose length
 ///   stays (a token bucket its fullness as a share of the window, its
 ///   refill rate following the new limit); a window of a new length
 ///   starts empty;
-/// - a changed algorithm starts afresh.
+/// - a changed algorithm starts afresh, and a change back finds the
+///   earlier state as it was left (each algorithm keeps its own: two
+///   tables in use at once, during a swap, never reset each other's).
 ///
 /// On Redis, adding a route-wide limit to a route, or removing it, moves
 /// its users' budgets to other keys (a user's windows and the route's are
