@@ -350,9 +350,9 @@ impl State {
             (Algorithm::TokenBucket, State::Slots(s)) => {
                 counters::token_bucket(s, windows, cost, now, record)
             }
-            // A state of another shape (a reloaded table whose rule changed its
-            // algorithm; one table cannot make one: zones share
-            // an algorithm); start afresh rather than misread it.
+            // A state of another shape: no entry holds one (each algorithm
+            // has its own entry, see `MemoryStore::hash_of`); start afresh
+            // rather than misread it, should one ever.
             (algorithm, state) => {
                 state.reset(algorithm);
                 state.run(algorithm, windows, cost, now, record)
@@ -442,7 +442,8 @@ impl MemoryStore {
     }
 
     /// The number of budgets currently held (including ones a sweep would
-    /// reclaim).
+    /// reclaim): a budget checked under several algorithms, as while a
+    /// reload changes one, counts once per algorithm.
     pub fn len(&self) -> usize {
         self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
     }
@@ -709,7 +710,7 @@ mod tests {
             )
         };
         // 100 budgets in x's shard (whatever the number of shards).
-        let shard = |user: &str| store.shard_of(store.inner.hasher.hash_one(user));
+        let shard = |user: &str| store.shard_of(store.hash_of(user, Algorithm::SlidingLog));
         let users: Vec<String> = (0..)
             .map(|i| format!("r:{i}"))
             .filter(|u| shard(u) == shard("r:x"))

@@ -1709,6 +1709,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             ticks.tick().await;
             // (The last disagreement acted on: named, connected to.)
             let mut acted: Option<(String, String)> = None;
+            // (When the last reconnect was made: while the sentinels
+            // disagree, about a second after a promotion, one reconnect a
+            // second at most, not one every other question.)
+            let mut acted_at: Option<tokio::time::Instant> = None;
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
@@ -1734,12 +1738,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                 // here) is left alone, and the next question goes to
                 // another sentinel.
                 let pair = (named, connected);
-                if acted.as_ref() == Some(&pair) || this.get().is_none() {
+                let recent = acted_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+                if acted.as_ref() == Some(&pair) || recent || this.get().is_none() {
                     continue;
                 }
                 tracing::info!(master = %pair.0, "the sentinels name a new master; reconnecting");
                 this.drop_and_reconnect();
                 acted = Some(pair);
+                acted_at = Some(tokio::time::Instant::now());
             }
         });
     }
@@ -1858,16 +1864,19 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
         runtime.spawn(async move {
             let mut backoff = Duration::from_millis(50);
             let mut told = false;
+            let mut tried = false;
             loop {
                 let Some(this) = weak.upgrade() else { return };
-                // (A kept Cluster client that answers again has healed: no
-                // other is needed, and a caller's pool may have none to
-                // give while the store holds its last.)
-                if this.get().is_some() && this.answered_at.load(Ordering::Relaxed) > started {
+                // (After a try that failed: a kept Cluster client that
+                // answers calls sent since the loop began has healed, and
+                // a caller's pool may have no other to give while the store
+                // holds its last. The first try is always made.)
+                if tried && this.get().is_some() && this.answered_at.load(Ordering::Relaxed) > started {
                     tracing::info!("the kept redis cluster client answers again");
                     this.reconnecting.store(false, Ordering::Release);
                     return;
                 }
+                tried = true;
                 match this.try_connect().await {
                     Ok(()) => {
                         tracing::info!("rate-limit store reconnected to redis");
@@ -1900,8 +1909,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                 self.timeouts.store(0, Ordering::Relaxed);
                 self.used.store(true, Ordering::Relaxed);
                 if !self.drop_when_broken {
-                    let now = self.micros(tokio::time::Instant::now());
-                    self.answered_at.store(now, Ordering::Relaxed);
+                    let sent = self.micros(started);
+                    self.answered_at.fetch_max(sent, Ordering::Relaxed);
                 }
             }
             // (redis-rs reports its response timeout as an I/O error: it is
@@ -2782,7 +2791,7 @@ impl RedisStoreBuilder {
     /// those requests' budgets are spent again: the sentinels name the new
     /// master about a second after promoting it (their own timing), so that
     /// is about a second of traffic (measured under `SENTINEL FAILOVER` at
-    /// 8,500 checks a second: 9,300–9,500 checks lost; 11,200–11,500 when
+    /// 8,500 checks a second: 9,000–9,500 checks lost; 11,200–11,500 when
     /// the store asked once a second). One
     /// multiplexed connection, as with [`url`](Self::url).
     ///

@@ -1033,9 +1033,9 @@ pub async fn adjustments_penalize_and_refund<St: Store>(
 /// A budget checked under several algorithms at once (two tables in use
 /// during a reload, replicas on either side of one) keeps a state per
 /// algorithm: each allows its own limit, and none resets another's.
-/// (Before, the memory store kept one state per budget, which each change
-/// of algorithm started afresh: alternating two tables allowed every
-/// request.)
+/// (Before, the memory store kept one state per budget: a change between
+/// the sliding log and a counter algorithm started it afresh, and the
+/// counter algorithms read each other's state.)
 pub async fn two_algorithms_on_one_budget_keep_their_own_state<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
