@@ -48,7 +48,7 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use clap::{Parser, ValueEnum};
 use http::request::Parts;
-use tower_ratelimit::identity::{Client, ForwardedIp, Identity, IdentityError};
+use tower_ratelimit::identity::{self, Client, ForwardedIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::{redacted, RedisStore};
 use tower_ratelimit::{
     Adjustment, Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules,
@@ -146,7 +146,7 @@ pub struct Args {
     /// never). A changed file is loaded without a restart once two looks
     /// in a row read the same text, and at once on SIGHUP; one with an
     /// error is reported and the running table kept.
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    #[arg(long, value_name = "N", default_value_t = 1000, requires = "config")]
     reload_check_ms: u64,
     /// A response with this status (`401`) or class (`4xx`) spends N more
     /// of its user's budget, after an allowed request (repeatable; the
@@ -258,6 +258,11 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             // (Named as a reload's error names it.)
             let config =
                 Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            tracing::info!(
+                "loaded {}: {}",
+                path.display(),
+                routes(config.rules().len())
+            );
             (config, Some(text))
         }
         None => {
@@ -398,7 +403,11 @@ async fn serve<St: Store>(
         });
     }
     let layer = layer
-        .identify(move |head: &Parts| std::future::ready(identify(head, &groups.load(), &proxies)))
+        // (An identity that answers at once: the layer decides without
+        // holding the request.)
+        .identify(identity::immediate(move |head: &Parts| {
+            identify(head, &groups.load(), &proxies)
+        }))
         // Responses keep axum's own body type: no box per response.
         .same_body();
     let app = Router::new()

@@ -193,7 +193,8 @@ impl fmt::Display for ConfigError {
             ),
             ConfigErrorKind::LimitForAlgorithm(algorithm) => write!(
                 f,
-                "{algorithm:?} refills at most one request per microsecond, so a window may allow at most as many requests as it is long in microseconds (use a longer window, or the sliding or fixed window)"
+                "`{}` refills at most one request per microsecond, so a window may allow at most as many requests as it is long in microseconds (use a longer window, or the sliding or fixed window)",
+                algorithm.as_str()
             ),
             ConfigErrorKind::NoEffect => f.write_str(match self.at.field.as_deref() {
                 Some("block_time") => "has no effect here: a block time needs windows on its rule",

@@ -586,8 +586,10 @@ fn limits_beyond_what_the_algorithm_counts_are_rejected() {
         err.kind(),
         ConfigErrorKind::LimitForAlgorithm(Algorithm::TokenBucket)
     ));
+    // (Named as a file spells it.)
     assert!(
-        err.to_string().contains("one request per microsecond"),
+        err.to_string()
+            .contains("`token-bucket` refills at most one request per microsecond"),
         "{err}"
     );
     assert!(ok(Rule::new()

@@ -531,6 +531,8 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     }
     assert!(example::Args::try_parse_from(["server", "--fail-mode", "sideways"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--rfc7239"]).is_err());
+    // (It looks at --config: without one it would do nothing.)
+    assert!(example::Args::try_parse_from(["server", "--reload-check-ms", "20"]).is_err());
     assert!(example::Args::try_parse_from(["server", "--sentinel-master", "m"]).is_err());
     for bad in [
         "401", "401=0", "401=x", "6xx=1", "45x=1", "40=1", "4010=1", "xx=1", "=1",
@@ -705,6 +707,10 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     );
     let addr = demo(&["--config", file.path(), "--reload-check-ms", "20"]).await;
     let started = log.text();
+    assert!(
+        started.contains(&format!("INFO loaded {}: 1 route\n", file.path())),
+        "{started}"
+    );
     assert!(started.contains("INFO store: memory\n"), "{started}");
     assert!(
         started.contains(&format!("INFO listening on http://{addr}\n")),
