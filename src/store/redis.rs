@@ -1708,11 +1708,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;
             // (The last disagreement acted on: named, connected to.)
-            let mut acted: Option<(String, String)> = None;
-            // (When the last reconnect was made: while the sentinels
-            // disagree, about a second after a promotion, one reconnect a
-            // second at most, not one every other question.)
-            let mut acted_at: Option<tokio::time::Instant> = None;
+            // The last disagreement acted on (named, connected to), when,
+            // and how long to leave that same one alone since.
+            let mut acted: Option<((String, String), tokio::time::Instant, Duration)> = None;
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
@@ -1732,20 +1730,31 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                     acted = None;
                     continue;
                 };
-                // Once for a disagreement: a reconnect that lands where it
-                // was (the sentinels that the connection asks, which skip a
-                // master they see down, name another than the one asked
-                // here) is left alone, and the next question goes to
-                // another sentinel.
+                // A reconnect may land where it was: the sentinels it asks
+                // may not name the promoted replica yet, or (skipping a
+                // master they see down) name another than the one asked
+                // here. The same disagreement is then acted on again after
+                // 1 s, 2 s, 4 s ... (at most 30 s apart), and the next
+                // question goes to another sentinel; any reconnect waits a
+                // second after the last (none at every other question
+                // while the sentinels disagree).
                 let pair = (named, connected);
-                let recent = acted_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
-                if acted.as_ref() == Some(&pair) || recent || this.get().is_none() {
+                let hold = match &acted {
+                    Some((last, at, hold)) if *last == pair => {
+                        if at.elapsed() < *hold {
+                            continue;
+                        }
+                        (*hold * 2).min(Duration::from_secs(30))
+                    }
+                    Some((_, at, _)) if at.elapsed() < Duration::from_secs(1) => continue,
+                    _ => Duration::from_secs(1),
+                };
+                if this.get().is_none() {
                     continue;
                 }
                 tracing::info!(master = %pair.0, "the sentinels name a new master; reconnecting");
                 this.drop_and_reconnect();
-                acted = Some(pair);
-                acted_at = Some(tokio::time::Instant::now());
+                acted = Some((pair, tokio::time::Instant::now(), hold));
             }
         });
     }
@@ -2791,7 +2800,7 @@ impl RedisStoreBuilder {
     /// those requests' budgets are spent again: the sentinels name the new
     /// master about a second after promoting it (their own timing), so that
     /// is about a second of traffic (measured under `SENTINEL FAILOVER` at
-    /// 8,500 checks a second: 9,000–9,500 checks lost; 11,200–11,500 when
+    /// 8,500 checks a second: 9,000–9,600 checks lost; 11,200–11,500 when
     /// the store asked once a second). One
     /// multiplexed connection, as with [`url`](Self::url).
     ///
