@@ -698,6 +698,52 @@ async fn checks_in_flight_after_a_script_flush_share_one_load() {
     }
 }
 
+/// After `SCRIPT FLUSH`, a batch whose checks run two scripts (two
+/// algorithms, each its batch script) loads both, in one round trip, and
+/// every check is decided within its deadline.
+#[tokio::test]
+async fn a_batch_of_two_scripts_after_a_script_flush_loads_both() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    let rules = Rules::builder()
+        .route(
+            "^/tb",
+            [Rule::new().minute(100).algorithm(Algorithm::TokenBucket)],
+        )
+        .route(
+            "^/fw",
+            [Rule::new().minute(100).algorithm(Algorithm::FixedWindow)],
+        )
+        .build()
+        .unwrap();
+    let app = App::on_store_clock(rules, store, |l| {
+        l.fail_mode(FailMode::Closed).denial_cache(0)
+    });
+    for path in ["/tb", "/fw"] {
+        assert!(app.get(path, "warm").await.limited());
+    }
+    assert_eq!(server.cli(&["script", "flush"]), "OK");
+    let before = server.calls("script|load");
+    let requests: Vec<(&str, String)> = (0..24)
+        .map(|i| (if i % 2 == 0 { "/tb" } else { "/fw" }, format!("u{i}")))
+        .collect();
+    let replies =
+        futures_util::future::join_all(requests.iter().map(|(path, u)| app.get(path, u))).await;
+    assert!(
+        replies
+            .iter()
+            .all(|r| r.status == StatusCode::OK && r.limited()),
+        "{replies:?}"
+    );
+    let loads = server.calls("script|load") - before;
+    assert!((2..=4).contains(&loads), "{loads} loads");
+}
+
 /// A check Redis runs only after its deadline (the server stalled; here
 /// `CLIENT PAUSE`) is refused by the script instead of recorded: requests
 /// the layer already failed closed are not charged to the user once Redis
