@@ -1709,13 +1709,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             ticks.tick().await;
             // (The last disagreement acted on: named, connected to.)
             // The last disagreement acted on (named, connected to), when,
-            // and how long to leave that same one alone since.
+            // and how long to leave that same one alone since (kept across
+            // agreements: a sentinel that names a stale master for good is
+            // acted on ever more rarely, not after every agreement); and
+            // whether none agreed since (the next question then goes to
+            // another sentinel).
             let mut acted: Option<((String, String), tokio::time::Instant, Duration)> = None;
+            let mut disagreeing = false;
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
                 let Some(follow) = &this.follow else { return };
-                let question = (follow.master_now)(acted.is_some());
+                let question = (follow.master_now)(disagreeing);
                 let asked = tokio::time::timeout(follow.patience, question).await;
                 drop(this);
                 let Ok(Some(named)) = asked else { continue };
@@ -1727,7 +1732,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .clone();
                 let Some(connected) = connected.filter(|at| *at != named) else {
-                    acted = None;
+                    disagreeing = false;
                     continue;
                 };
                 // A reconnect may land where it was: the sentinels it asks
@@ -1755,6 +1760,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
                 tracing::info!(master = %pair.0, "the sentinels name a new master; reconnecting");
                 this.drop_and_reconnect();
                 acted = Some((pair, tokio::time::Instant::now(), hold));
+                disagreeing = true;
             }
         });
     }
