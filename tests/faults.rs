@@ -832,6 +832,39 @@ async fn until_decided(app: &App, users: &[String]) {
     }
 }
 
+/// A caller's pool on `cluster` (of `size` connections; deadpool's
+/// default without).
+fn cluster_pool(
+    cluster: &support::redis_server::RedisCluster,
+    size: Option<usize>,
+) -> deadpool_redis::cluster::Pool {
+    let mut config = deadpool_redis::cluster::Config::from_urls(cluster.urls());
+    config.pool = size.map(deadpool_redis::PoolConfig::new);
+    config
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap()
+}
+
+/// Twelve users spread over `cluster`'s masters, each decided once through
+/// `app`, and the master of each; then the first user's master paused
+/// (`CLIENT PAUSE`) for `ms`: its index, and when the pause began.
+async fn stall_a_master(
+    cluster: &support::redis_server::RedisCluster,
+    app: &App,
+    ms: u64,
+) -> (Vec<String>, Vec<usize>, usize, Instant) {
+    let users = spread_users(12);
+    until_decided(app, &users).await;
+    let masters = masters_of(cluster, &users);
+    let stalled = masters[0];
+    let ms = ms.to_string();
+    assert_eq!(
+        cluster.nodes[stalled].cli(&["client", "pause", &ms, "all"]),
+        "OK"
+    );
+    (users, masters, stalled, Instant::now())
+}
+
 /// With one of a Cluster's masters stalled, a store's checks on the other
 /// masters are decided as ever, and those on the stalled one fail (closed,
 /// here) within the deadline: one master's trouble is not the whole
@@ -873,15 +906,7 @@ async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
         true,
     )
     .await;
-    let users = spread_users(12);
-    until_decided(&warm, &users).await;
-    let masters = masters_of(&cluster, &users);
-    let stalled = masters[0];
-    assert_eq!(
-        cluster.nodes[stalled].cli(&["client", "pause", "8000", "all"]),
-        "OK"
-    );
-    let paused = Instant::now();
+    let (users, masters, stalled, paused) = stall_a_master(&cluster, &warm, 8000).await;
     let app = app_with(
         RedisStore::builder().cluster(cluster.urls()),
         FailMode::Closed,
@@ -903,24 +928,14 @@ async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
 #[tokio::test]
 async fn a_cluster_pool_keeps_its_client_while_one_master_stalls() {
     let cluster = support::redis_server::RedisCluster::start();
-    let pool = deadpool_redis::cluster::Config::from_urls(cluster.urls())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = cluster_pool(&cluster, None);
     let app = app_with(
         RedisStore::builder().cluster_pool(pool),
         FailMode::Closed,
         true,
     )
     .await;
-    let users = spread_users(12);
-    until_decided(&app, &users).await;
-    let masters = masters_of(&cluster, &users);
-    let stalled = masters[0];
-    assert_eq!(
-        cluster.nodes[stalled].cli(&["client", "pause", "8000", "all"]),
-        "OK"
-    );
-    let paused = Instant::now();
+    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 8000).await;
     // Five timeouts in a row on the stalled master's first user.
     for _ in 0..5 {
         let reply = app.get("/x", &users[0]).await;
@@ -941,26 +956,14 @@ async fn a_cluster_pool_keeps_its_client_while_one_master_stalls() {
 #[tokio::test]
 async fn a_cluster_pool_stops_asking_for_a_client_once_its_own_answers_again() {
     let cluster = support::redis_server::RedisCluster::start();
-    let mut config = deadpool_redis::cluster::Config::from_urls(cluster.urls());
-    config.pool = Some(deadpool_redis::PoolConfig::new(1));
-    let pool = config
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = cluster_pool(&cluster, Some(1));
     let app = app_with(
         RedisStore::builder().cluster_pool(pool.clone()),
         FailMode::Closed,
         true,
     )
     .await;
-    let users = spread_users(12);
-    until_decided(&app, &users).await;
-    let masters = masters_of(&cluster, &users);
-    let stalled = masters[0];
-    assert_eq!(
-        cluster.nodes[stalled].cli(&["client", "pause", "1500", "all"]),
-        "OK"
-    );
-    let paused = Instant::now();
+    let (users, _, _, paused) = stall_a_master(&cluster, &app, 1500).await;
     // Timeouts in a row on the stalled master's user: the store asks the
     // pool for another client.
     for _ in 0..4 {
