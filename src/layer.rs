@@ -70,12 +70,14 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 ///   starts empty;
 /// - a changed algorithm starts afresh, and a change back finds the
 ///   earlier state as it was left (each algorithm keeps its own: two
-///   tables in use at once, during a swap, never reset each other's).
+///   tables in use at once, during a swap, never reset each other's);
+///   a block running (`block_time`) holds whatever the algorithm: it is
+///   the user's.
 ///
 /// On Redis, adding a route-wide limit to a route, or removing it, moves
 /// its users' budgets to other keys (a user's windows and the route's are
 /// decided in one call, so on a Cluster they live in one slot): they start
-/// afresh, and a change back finds the earlier ones as they were left,
+/// afresh, their blocks too, and a change back finds the earlier ones as they were left,
 /// until they expire. So does a sliding log whose rule moves between up to
 /// 5 windows and more (see [`crate::store::redis`]). The memory store keeps
 /// them. The new table's own `headers` and `shadow` apply, unless the

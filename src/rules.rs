@@ -173,6 +173,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm (the order in which the Redis store keeps their
+    /// scripts).
+    pub(crate) const ALL: [Algorithm; 4] = [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ];
+
     /// The name used in configuration files (`sliding-log`, ...).
     pub fn as_str(&self) -> &'static str {
         match self {

@@ -40,6 +40,10 @@ use super::{
 use crate::clock::{Clock, FastClock, Timestamp};
 use crate::rules::Algorithm;
 
+/// What tells a route-wide budget's entry from a user budget's spelled the
+/// same (see [`MemoryStore::hash_of`] for the per-algorithm constants).
+const ROUTE_SALT: u64 = 0x27d4_eb2f_1656_67c5;
+
 /// A store's shards sweep on their own only once they hold this many
 /// budgets in all (about 2 MB of them), a shard at least 64.
 const KEPT_BUDGETS: usize = 16_384;
@@ -534,10 +538,25 @@ impl MemoryStore {
             if now >= shard.sweep_by {
                 shard.sweep_now(now);
             }
-            if let Some(entry) = shard.table.find_mut(hash, |e| e.is(hash, check.budget)) {
-                return entry.decide(check, None, now);
+            let (decision, blocked) = match shard.table.find_mut(hash, |e| e.is(hash, check.budget))
+            {
+                Some(entry) => {
+                    let before = entry.blocked_until;
+                    let decision = entry.decide(check, None, now);
+                    let blocked = if decision.allowed() || entry.blocked_until == before {
+                        0
+                    } else {
+                        entry.blocked_until
+                    };
+                    (decision, blocked)
+                }
+                None => shard.decide_new(hash, check, now),
+            };
+            drop(shard);
+            if blocked != 0 {
+                self.spread_block(check, blocked, now);
             }
-            return shard.decide_new(hash, check, now);
+            return decision;
         };
         self.decide_two(check, global, hash, user_shard, now)
     }
@@ -557,7 +576,10 @@ impl MemoryStore {
         // Two budgets, perhaps in two shards: lock them in index order so
         // concurrent checks cannot deadlock, take both entries out, decide,
         // and put back what is still live.
-        let global_hash = self.hash_of(global.budget, check.algorithm);
+        // (A route's budget has its own entries even if a caller of the
+        // `Store` trait spells it as a user's budget: the layer never does,
+        // and on Redis the two are different keys.)
+        let global_hash = self.hash_of(global.budget, check.algorithm) ^ ROUTE_SALT;
         let global_shard = self.shard_of(global_hash);
         let (mut first, mut second) = match user_shard.cmp(&global_shard) {
             std::cmp::Ordering::Equal => (lock(&inner.shards[user_shard]), None),
@@ -577,28 +599,62 @@ impl MemoryStore {
         let mut route = route_shard
             .take(global_hash, global.budget)
             .unwrap_or_else(|| Entry::new(global_hash, global.budget, check.algorithm));
+        let before = user.blocked_until;
         let decision = user.decide(check, Some(&mut route), now);
+        let blocked = user.blocked_until;
         if route.live(now) {
             route_shard.insert(route, now);
         }
         if user.live(now) {
             first.insert(user, now);
         }
+        drop((first, second));
+        if blocked != before {
+            self.spread_block(check, blocked, now);
+        }
         decision
+    }
+
+    /// Gives a block just set on a budget's entry for one algorithm to its
+    /// entries for the others (made if need be), as on Redis, where a
+    /// budget's block is one key whatever the algorithm: a block is the
+    /// user's, so a reload that changes the rule's algorithm leaves a
+    /// blocked user blocked. Called with no shard locked (blocks are rare:
+    /// the common paths never get here).
+    #[cold]
+    #[inline(never)]
+    fn spread_block(&self, check: &CheckRef<'_>, until: u64, now: u64) {
+        for algorithm in Algorithm::ALL {
+            if algorithm == check.algorithm {
+                continue;
+            }
+            let hash = self.hash_of(check.budget, algorithm);
+            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            match shard.table.find_mut(hash, |e| e.is(hash, check.budget)) {
+                Some(entry) => entry.blocked_until = entry.blocked_until.max(until),
+                None => {
+                    let mut entry = Entry::new(hash, check.budget, algorithm);
+                    entry.blocked_until = until;
+                    shard.insert(entry, now);
+                }
+            }
+        }
     }
 }
 
 impl ShardState {
     /// The first request of a budget this shard does not hold.
     #[inline(never)]
-    fn decide_new(&mut self, hash: u64, check: &CheckRef<'_>, now: u64) -> Decision {
+    /// Also returns the end of a block the check set, or 0.
+    fn decide_new(&mut self, hash: u64, check: &CheckRef<'_>, now: u64) -> (Decision, u64) {
         let mut entry = Entry::new(hash, check.budget, check.algorithm);
         let decision = entry.decide(check, None, now);
+        let blocked = entry.blocked_until;
         // A denied first request without a block leaves nothing to keep.
         if entry.live(now) {
             self.insert(entry, now);
         }
-        decision
+        (decision, blocked)
     }
 
     fn take(&mut self, hash: u64, budget: &str) -> Option<Entry> {

@@ -97,7 +97,7 @@ impl GlobalCheck {
 /// are the stricter one (a store keeps one count per length).
 fn sorted(windows: Arc<[Window]>) -> Arc<[Window]> {
     // The rules' windows are already so (they reject a length twice).
-    if windows.windows(2).all(|p| p[0].micros() < p[1].micros()) {
+    if shortest_first(&windows) {
         return windows;
     }
     let mut sorted = windows.to_vec();
@@ -199,7 +199,9 @@ impl Check {
 
 impl CheckRef<'_> {
     /// `Ok` when the built-in stores can decide this check: at most
-    /// [`MAX_WINDOWS`] windows of the user's and as many route-wide, and
+    /// [`MAX_WINDOWS`] windows of the user's and as many route-wide, each
+    /// list shortest first with each length once (as [`Check::new`] and
+    /// [`GlobalCheck::new`] put them), and
     /// for a sliding log no window allowing more than
     /// [`MAX_LOG_LIMIT`](crate::rules::MAX_LOG_LIMIT) and no cost above
     /// [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST) that its windows could
@@ -224,6 +226,13 @@ impl CheckRef<'_> {
     /// assert_eq!(error.kind(), StoreErrorKind::Config);
     /// let counted = Check::new("r1:bob", [day]).with_algorithm(tower_ratelimit::Algorithm::SlidingWindow);
     /// assert!(counted.as_ref().supported().is_ok());
+    ///
+    /// // Windows set by hand, longest first.
+    /// let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+    /// let mut carol = Check::new("r1:carol", [Window::new(second, 5).unwrap()]);
+    /// carol.windows = [Window::new(minute, 100).unwrap(), Window::new(second, 5).unwrap()].into();
+    /// let error = carol.as_ref().supported().unwrap_err();
+    /// assert_eq!(error.kind(), StoreErrorKind::Config);
     /// ```
     pub fn supported(&self) -> Result<(), StoreError> {
         self.shape_supported()?;
@@ -245,6 +254,11 @@ impl CheckRef<'_> {
         let global = self.global.map_or(&[][..], |g| g.windows);
         if self.windows.len() > MAX_WINDOWS || global.len() > MAX_WINDOWS {
             return Err(too_many_windows(self.windows.len(), global.len()));
+        }
+        // (`Check::new` sorts them; a caller who set the field by hand may
+        // not have, and every store reads the last window as the longest.)
+        if !shortest_first(self.windows) || !shortest_first(global) {
+            return Err(unsorted_windows());
         }
         if self.algorithm == Algorithm::SlidingLog
             && self
@@ -282,6 +296,21 @@ fn log_too_long() -> StoreError {
             "a sliding log's window allows at most {} (its store keeps an entry per unit)",
             crate::rules::MAX_LOG_LIMIT
         ),
+    )
+}
+
+/// Whether `windows` are shortest first, each length once.
+fn shortest_first(windows: &[Window]) -> bool {
+    windows.windows(2).all(|p| p[0].micros() < p[1].micros())
+}
+
+/// (Out of line: the layer never gets here.)
+#[cold]
+#[inline(never)]
+fn unsorted_windows() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        "a check's windows must be shortest first, each length once (as `Check::new` puts them)",
     )
 }
 

@@ -461,12 +461,7 @@ struct Scripts {
 }
 
 /// The algorithms, in the order [`Scripts`] keeps their scripts.
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::SlidingLog,
-    Algorithm::SlidingWindow,
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-];
+const ALGORITHMS: [Algorithm; 4] = Algorithm::ALL;
 
 /// An algorithm's place in [`ALGORITHMS`].
 fn algorithm_index(algorithm: Algorithm) -> usize {
@@ -1157,7 +1152,10 @@ fn late(jobs: &mut Vec<Job>, now: tokio::time::Instant) {
 }
 
 /// A batch's pipeline: the checks that have a batch script, two or more of
-/// a kind, as one call of it; every other check as its own command.
+/// a kind, as one call of it; every other check as its own command. (Two
+/// checks of one kind keep their order; checks of different kinds, which
+/// came at the same moment, may run in another order than they were
+/// queued, each atomically.)
 fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>) {
     let combine = lazy.combine.load(Ordering::Relaxed);
     let mut pipe = redis::Pipeline::with_capacity(jobs.len());

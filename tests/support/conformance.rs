@@ -40,6 +40,9 @@ macro_rules! conformance_suite {
             adjustments_reach_the_user_alone,
             an_adjustment_reads_no_cost,
             two_algorithms_on_one_budget_keep_their_own_state,
+            a_route_budget_spelled_as_a_user_budget_is_its_own,
+            a_block_holds_across_a_change_of_algorithm,
+            windows_set_by_hand_out_of_order_are_refused,
         );
         $crate::conformance_suite!(@algorithms $make;
             sliding_log: tower_ratelimit::Algorithm::SlidingLog,
@@ -1056,6 +1059,108 @@ pub async fn two_algorithms_on_one_budget_keep_their_own_state<St: Store>(
         }
     }
     assert_eq!(allowed, [5; ALGORITHMS.len()], "{ALGORITHMS:?}");
+}
+
+/// A check whose windows were set by hand longest first is refused as a
+/// setup error (every store reads the last window as the longest), not
+/// decided against the wrong window.
+pub async fn windows_set_by_hand_out_of_order_are_refused<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    use tower_ratelimit::store::{GlobalCheck, StoreErrorKind};
+    use tower_ratelimit::{Check, Window};
+    let store = store.await;
+    let second = Window::new(Duration::from_secs(1), 5).unwrap();
+    let minute = Window::new(Duration::from_secs(60), 100).unwrap();
+    for algorithm in ALGORITHMS {
+        let mut check = Check::new("r1:by-hand", [second]).with_algorithm(algorithm);
+        check.windows = [minute, second].into();
+        let error = store.check(check.clone()).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config, "{algorithm:?}");
+        let mut route = GlobalCheck::new("r2:*", [second]);
+        route.windows = [minute, second].into();
+        let check = Check::new("r2:by-hand", [second])
+            .with_algorithm(algorithm)
+            .with_global(route);
+        let error = store.check(check).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config, "{algorithm:?}");
+    }
+}
+
+/// A block is the user's, not an algorithm's: a reload that changes the
+/// rule's algorithm while a user is blocked leaves the user blocked, and
+/// the user passes when the block ends.
+pub async fn a_block_holds_across_a_change_of_algorithm<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    use tower_ratelimit::clock::Timestamp;
+    use tower_ratelimit::{Check, Window};
+    let store = store.await;
+    let minute = Window::new(Duration::from_secs(60), 1).unwrap();
+    let start = 1_767_225_601_000_000;
+    for first in ALGORITHMS {
+        for then in ALGORITHMS.into_iter().filter(|a| *a != first) {
+            let budget = format!("r1:block-{}-{}", first.as_str(), then.as_str());
+            let check = |algorithm, micros| {
+                Check::new(budget.as_str(), [minute])
+                    .with_algorithm(algorithm)
+                    .with_block(Duration::from_secs(300))
+                    .at(Timestamp::from_micros(micros))
+            };
+            assert!(store.check(check(first, start)).await.unwrap().allowed());
+            let denied = store.check(check(first, start + 1)).await.unwrap();
+            assert!(denied.is_blocked(), "{first:?}");
+            // Ten seconds later, under the other algorithm: still blocked.
+            let later = store.check(check(then, start + 10_000_001)).await.unwrap();
+            assert!(later.is_blocked(), "{first:?} then {then:?}");
+            assert_eq!(
+                later.retry_after(),
+                Some(Duration::from_secs(290)),
+                "{first:?} then {then:?}"
+            );
+            // And free once the block has run its 300 s.
+            let after = store.check(check(then, start + 300_000_001)).await.unwrap();
+            assert!(after.allowed(), "{first:?} then {then:?}");
+        }
+    }
+}
+
+/// A route-wide budget is its own even when a caller of the `Store` trait
+/// spells it as the user's budget: each keeps its own count.
+pub async fn a_route_budget_spelled_as_a_user_budget_is_its_own<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    use tower_ratelimit::clock::Timestamp;
+    use tower_ratelimit::store::GlobalCheck;
+    use tower_ratelimit::{Check, Window};
+    let store = store.await;
+    let minute = |limit| Window::new(Duration::from_secs(60), limit).unwrap();
+    let at = Timestamp::from_micros(1_767_225_601_000_000);
+    for algorithm in ALGORITHMS {
+        let budget = format!("r-same-{}:*", algorithm.as_str());
+        let check = Check::new(budget.as_str(), [minute(3)])
+            .with_global(GlobalCheck::new(budget.as_str(), [minute(10)]))
+            .with_algorithm(algorithm)
+            .at(at);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let decision = store.check(check.clone()).await.unwrap();
+            seen.push((decision.allowed(), decision.windows()[0].remaining));
+        }
+        assert_eq!(
+            seen,
+            [(true, 2), (true, 1), (true, 0), (false, 0), (false, 0)],
+            "{algorithm:?}"
+        );
+        // The route's own budget took the three allowed requests alone.
+        let route = Check::new(format!("r-other-{}:u", algorithm.as_str()), [minute(100)])
+            .with_global(GlobalCheck::new(budget.as_str(), [minute(10)]))
+            .with_algorithm(algorithm)
+            .at(at);
+        let decision = store.check(route).await.unwrap();
+        let route_window = decision.windows().last().unwrap();
+        assert_eq!(route_window.remaining, 10 - 3 - 1, "{algorithm:?}");
+    }
 }
 
 /// An adjustment reads the check's budget, windows and algorithm, not its
