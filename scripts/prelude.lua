@@ -3,8 +3,9 @@
 -- script.
 --
 -- KEYS[1]  the user's budget state
--- KEYS[2]  the user's block marker (read and written only with a block time;
---          given only then, or before KEYS[3])
+-- KEYS[2]  the user's block marker (read and written only with a block time,
+--          and given only then; without one, a check with KEYS[3] repeats
+--          KEYS[3] here, a key that exists while the route is in use)
 -- KEYS[3]  the route-wide budget state (only with route-wide windows)
 -- ARGV[1]  the numbers of the check, packed as little-endian doubles
 --          (struct 'd', whole numbers; no text to parse, and cheaper to

@@ -2346,3 +2346,82 @@ async fn a_bad_sentinel_setup_is_a_config_error() {
         );
     }
 }
+
+/// A live reshard: while the slot of a route's budgets migrates between two
+/// masters, a route-wide check whose keys are all still on the source is
+/// decided at once (before, the block marker's place holder, a key that
+/// never exists, had Redis answer `TRYAGAIN` to every route-wide check
+/// until the slot had moved), and one Redis answers `TRYAGAIN` while its
+/// keys are split between the nodes goes again within its deadline, to be
+/// decided once they have moved (before, the Cluster client waited 1.28 s
+/// before it tried again, past any deadline).
+#[tokio::test]
+async fn route_wide_checks_are_decided_while_their_slot_migrates() {
+    use support::redis_server::RedisCluster;
+    use tower_ratelimit::store::GlobalCheck;
+    use tower_ratelimit::{Check, Store, Window};
+    let cluster = RedisCluster::start();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let minute = |limit| Window::new(Duration::from_secs(60), limit).unwrap();
+    let check = |user: &str| {
+        Check::new(format!("rmig:{user}"), [minute(100)])
+            .with_global(GlobalCheck::new("rmig:*", [minute(1000)]))
+    };
+    assert!(store.check(check("alice")).await.unwrap().allowed());
+
+    let slot = cli(cluster.nodes[0].port, &["cluster", "keyslot", "rmig"]);
+    let (source, _) = cluster.master_and_replica(slot.parse().unwrap());
+    let target = (source + 1) % cluster.nodes.len();
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let id = |i: usize| cli(ports[i], &["cluster", "myid"]);
+    let (source_id, target_id) = (id(source), id(target));
+    cli(
+        ports[target],
+        &["cluster", "setslot", &slot, "importing", &source_id],
+    );
+    cli(
+        ports[source],
+        &["cluster", "setslot", &slot, "migrating", &target_id],
+    );
+
+    // Every key of Alice's check is still on the source.
+    let started = Instant::now();
+    let decision = store.check(check("alice")).await.unwrap();
+    assert!(decision.allowed());
+    assert_eq!(decision.windows()[1].remaining, 1000 - 2);
+    assert!(started.elapsed() < Duration::from_millis(500));
+
+    // Bob's state does not exist yet, the route's does: `TRYAGAIN` until
+    // the slot has moved, which a thread finishes a moment after.
+    let finish = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        let keys = cli(ports[source], &["cluster", "getkeysinslot", &slot, "100"]);
+        let target_port = ports[target].to_string();
+        let mut migrate = vec![
+            "migrate",
+            "127.0.0.1",
+            &target_port,
+            "",
+            "0",
+            "5000",
+            "keys",
+        ];
+        migrate.extend(keys.lines());
+        assert_eq!(cli(ports[source], &migrate), "OK");
+        for port in &ports {
+            cli(*port, &["cluster", "setslot", &slot, "node", &target_id]);
+        }
+    });
+    let decision = store.check(check("bob")).await.unwrap();
+    assert!(decision.allowed());
+    assert_eq!(decision.windows()[1].remaining, 1000 - 3);
+    finish.join().unwrap();
+    // And on the new node, as the Cluster now says.
+    let decision = store.check(check("carol")).await.unwrap();
+    assert_eq!(decision.windows()[1].remaining, 1000 - 4);
+}

@@ -52,7 +52,16 @@
 //!   again (twice at most, within the check's deadline) when a node's
 //!   connection breaks: a check whose script ran just before the break is
 //!   then counted twice. The error is always that way: a Cluster check
-//!   never charges a user less than it allowed.
+//!   never charges a user less than it allowed. **While a slot migrates**
+//!   (a reshard), a check whose keys are all on one node is decided
+//!   there; one whose keys are split between the two nodes (a route-wide
+//!   limit's: a user's state not yet moved, the route's moved, or the
+//!   other way) is answered `TRYAGAIN` by Redis, running nothing, and the
+//!   store sends it again every 2 ms until its deadline, so it is decided
+//!   once the slot's keys have moved. (On a caller's Cluster pool, the
+//!   client deadpool-redis makes waits redis-rs' default 1.28 s before it
+//!   tries a `TRYAGAIN` again, past any deadline: there such a check fails
+//!   by the fail mode until the slot has moved.)
 //! - [`RedisStoreBuilder::pool`] / [`RedisStoreBuilder::cluster_pool`]: a
 //!   `deadpool-redis` pool the caller owns and may share with other code.
 //!   Its connections multiplex, so the store checks one out when it starts
@@ -1821,7 +1830,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             return Err(not_connected());
         };
         let started = tokio::time::Instant::now();
-        let result = match cmd.query_async(&mut conn).await {
+        let mut result = cmd.query_async(&mut conn).await;
+        if matches!(&result, Err(e) if slot_moving(e)) {
+            let left = deadline.saturating_sub(started.elapsed());
+            // (Boxed: a rare path, kept out of every check's future.)
+            let again = Box::pin(again_while_moving(&mut conn, cmd));
+            if let Ok(later) = tokio::time::timeout(left, again).await {
+                result = later;
+            }
+        }
+        let result = match result {
             Err(e) if is_noscript(&e) => {
                 let left = deadline.saturating_sub(started.elapsed());
                 // (Boxed: a rare path, kept out of every check's future.)
@@ -2386,9 +2404,13 @@ fn write_key(prefix: &str, check: &Check, kind: KeyKind, mut put: impl FnMut(&st
 /// into the command's one buffer (made at its size): no string per key,
 /// no vector per argument, no copy of them into the command.
 fn eval_cmd(prefix: &str, script: &Script, check: &Check, deadline: Option<i64>) -> redis::Cmd {
-    // The block marker only when the script may touch it, or as the
-    // place holder before the route's key: every key costs Redis about
-    // 1,500 instructions per call.
+    // The block marker only when the script may touch it, or a place
+    // holder before the route's key: every key costs Redis about 1,500
+    // instructions per call. The place holder is the route's key itself
+    // (the script reads the marker only with a block time): a key that
+    // never exists would make Redis answer `TRYAGAIN` to every route-wide
+    // check while the route's slot migrates between Cluster nodes, where
+    // it decides one whose keys are all on the node it asks.
     let with_block = check.block.is_some() || check.global.is_some();
     let with_route = check.global.is_some();
     let keys = 1 + usize::from(with_block) + usize::from(with_route);
@@ -2401,8 +2423,10 @@ fn eval_cmd(prefix: &str, script: &Script, check: &Check, deadline: Option<i64>)
         kind,
     };
     cmd.arg(key(KeyKind::State));
-    if with_block {
+    if check.block.is_some() {
         cmd.arg(key(KeyKind::Block));
+    } else if with_block {
+        cmd.arg(key(KeyKind::Route));
     }
     if with_route {
         cmd.arg(key(KeyKind::Route));
@@ -2594,6 +2618,37 @@ fn windows_fingerprint(windows: &[Window]) -> i64 {
 
 fn saturating_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Whether a Cluster node answered that the call's slot is moving to
+/// another node: `TRYAGAIN` (a call of several keys, some moved and some
+/// not yet), or an `ASK` or `MOVED` redirect the Cluster client's own
+/// retries did not settle (two calls redirected at once to one connection
+/// can take each other's `ASKING`). Redis ran nothing, so the call may go
+/// again.
+fn slot_moving(e: &RedisError) -> bool {
+    use redis::ServerErrorKind::{Ask, Moved, TryAgain};
+    matches!(e.kind(), redis::ErrorKind::Server(TryAgain | Ask | Moved))
+}
+
+/// How long a call answered [`slot_moving`] waits before it goes again (a
+/// slot's keys move in a few milliseconds; the check's deadline bounds
+/// the tries).
+const MOVING_PAUSE: Duration = Duration::from_millis(2);
+
+/// Sends `cmd` again, a moment apart, while its slot is moving (see
+/// [`slot_moving`]); the caller bounds it by the check's deadline.
+async fn again_while_moving<C: ConnectionLike>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+) -> RedisResult<Vec<u8>> {
+    loop {
+        tokio::time::sleep(MOVING_PAUSE).await;
+        match cmd.query_async(conn).await {
+            Err(e) if slot_moving(&e) => continue,
+            result => return result,
+        }
+    }
 }
 
 /// Whether Redis did not know the script (`NOSCRIPT`).
@@ -3118,6 +3173,13 @@ impl RedisStoreBuilder {
                         .connection_timeout(connect_timeout)
                         .response_timeout(response_timeout)
                         .retries(2)
+                        // (Its waits before trying a `TRYAGAIN`, `CLUSTERDOWN`
+                        // or `LOADING` again: 1.28 s at least by default,
+                        // beyond any check's deadline; a few milliseconds
+                        // here, the store trying again within the deadline.)
+                        .min_retry_wait(1)
+                        .max_retry_wait(4)
+                        .retry_wait_formula(2, 2)
                         .build()
                         .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))?;
                 let connect: Connect<ClusterConnection> = Box::new(move || {
