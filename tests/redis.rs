@@ -2425,3 +2425,85 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     let decision = store.check(check("carol")).await.unwrap();
     assert_eq!(decision.windows()[1].remaining, 1000 - 4);
 }
+
+/// A live reshard, a user's budget already moved to the slot's new node:
+/// every check of it is answered `ASK` by the old node, and sent with
+/// `ASKING` to the new one while other calls share that connection. Every
+/// check is decided (before, redis-rs sent `ASKING` and waited for its
+/// answer before sending the call, another call could use the permission
+/// in between, and the check bounced between the nodes until it failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_a_moved_budget_are_decided_while_its_slot_migrates() {
+    use support::redis_server::RedisCluster;
+    use tower_ratelimit::{Check, Store, Window};
+    let cluster = RedisCluster::start();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let check = |user: &str| {
+        let window = Window::new(Duration::from_secs(60), 1_000_000).unwrap();
+        Check::new(format!("rask:{user}"), [window]).with_algorithm(Algorithm::FixedWindow)
+    };
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let slot_of = |user: &str| {
+        cli(
+            ports[0],
+            &["cluster", "keyslot", &store.keys(&check(user))[0]],
+        )
+    };
+    let slot = slot_of("moved");
+    let (source, _) = cluster.master_and_replica(slot.parse().unwrap());
+    let target = (source + 1) % ports.len();
+    // Users whose budgets the new node serves already.
+    let locals: Vec<String> = (0..200)
+        .map(|i| format!("local{i}"))
+        .filter(|u| cluster.master_and_replica(slot_of(u).parse().unwrap()).0 == target)
+        .take(8)
+        .collect();
+    assert!(!locals.is_empty());
+    assert!(store.check(check("moved")).await.unwrap().allowed());
+    let id = |i: usize| cli(ports[i], &["cluster", "myid"]);
+    let (source_id, target_id) = (id(source), id(target));
+    cli(
+        ports[target],
+        &["cluster", "setslot", &slot, "importing", &source_id],
+    );
+    cli(
+        ports[source],
+        &["cluster", "setslot", &slot, "migrating", &target_id],
+    );
+    let key = store.keys(&check("moved"))[0].clone();
+    let target_port = ports[target].to_string();
+    let moved = cli(
+        ports[source],
+        &["migrate", "127.0.0.1", &target_port, &key, "0", "5000"],
+    );
+    assert_eq!(moved, "OK");
+
+    let store = std::sync::Arc::new(store);
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let (store, local) = (store.clone(), locals[t % locals.len()].clone());
+            tokio::spawn(async move {
+                let mut failed = 0;
+                for _ in 0..150 {
+                    let (moved, other) =
+                        tokio::join!(store.check(check("moved")), store.check(check(&local)));
+                    failed += usize::from(moved.is_err()) + usize::from(other.is_err());
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = 0;
+    for task in tasks {
+        failed += task.await.unwrap();
+    }
+    assert_eq!(failed, 0);
+    // The moved budget counted every check, on the new node.
+    let last = store.check(check("moved")).await.unwrap();
+    assert_eq!(last.windows()[0].remaining, 1_000_000 - 1 - 8 * 150 - 1);
+}

@@ -58,7 +58,10 @@
 //!   limit's: a user's state not yet moved, the route's moved, or the
 //!   other way) is answered `TRYAGAIN` by Redis, running nothing, and the
 //!   store sends it again every 2 ms until its deadline, so it is decided
-//!   once the slot's keys have moved. (On a caller's Cluster pool, the
+//!   once the slot's keys have moved. A check the old node redirects with
+//!   `ASK` that the client's own tries do not settle is sent by the store
+//!   to the new node with its `ASKING` in one write (redis-rs sends
+//!   `ASKING` apart, where another call may use it up). (On a caller's Cluster pool, the
 //!   client deadpool-redis makes waits redis-rs' default 1.28 s before it
 //!   tries a `TRYAGAIN` again, past any deadline: there such a check fails
 //!   by the fail mode until the slot has moved.)
@@ -994,7 +997,7 @@ impl Batcher {
     /// Starts the batching task on the current runtime (none outside one).
     fn spawn<C>(lazy: &Arc<Lazy<C>>, deadline: Duration) -> Option<Self>
     where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
+        C: AskAgain + Clone + Send + Sync + 'static,
     {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (jobs, queue) = tokio::sync::mpsc::unbounded_channel();
@@ -1045,7 +1048,7 @@ async fn batch_loop<C>(
     mut queue: tokio::sync::mpsc::UnboundedReceiver<Job>,
     deadline: Duration,
 ) where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
+    C: AskAgain + Clone + Send + Sync + 'static,
 {
     let mut jobs = Vec::new();
     while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
@@ -1070,7 +1073,7 @@ async fn batch_loop<C>(
 /// deadline (a runtime too busy to send in time is not Redis's fault).
 async fn send_batch<C>(lazy: Arc<Lazy<C>>, mut jobs: Vec<Job>, deadline: Duration)
 where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
+    C: AskAgain + Clone + Send + Sync + 'static,
 {
     let sent_at = tokio::time::Instant::now();
     if jobs.iter().any(|job| job.due <= sent_at) {
@@ -1583,7 +1586,7 @@ struct Common {
     load_timeout: Duration,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
+impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     fn new(
         connect: Connect<C>,
         shape: Shape,
@@ -1830,15 +1833,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Lazy<C> {
             return Err(not_connected());
         };
         let started = tokio::time::Instant::now();
-        let mut result = cmd.query_async(&mut conn).await;
-        if matches!(&result, Err(e) if slot_moving(e)) {
-            let left = deadline.saturating_sub(started.elapsed());
+        let result = match cmd.query_async(&mut conn).await {
             // (Boxed: a rare path, kept out of every check's future.)
-            let again = Box::pin(again_while_moving(&mut conn, cmd));
-            if let Ok(later) = tokio::time::timeout(left, again).await {
-                result = later;
+            Err(e) if slot_moving(&e) => {
+                Box::pin(again_while_moving(&mut conn, cmd, e, started + deadline)).await
             }
-        }
+            result => result,
+        };
         let result = match result {
             Err(e) if is_noscript(&e) => {
                 let left = deadline.saturating_sub(started.elapsed());
@@ -2636,18 +2637,94 @@ fn slot_moving(e: &RedisError) -> bool {
 /// the tries).
 const MOVING_PAUSE: Duration = Duration::from_millis(2);
 
-/// Sends `cmd` again, a moment apart, while its slot is moving (see
-/// [`slot_moving`]); the caller bounds it by the check's deadline.
-async fn again_while_moving<C: ConnectionLike>(
+/// Sends `cmd` again while its slot is moving (see [`slot_moving`]): after
+/// an `ASK`, at once, to the node it names, with its `ASKING` (see
+/// [`AskAgain`]); otherwise a moment later. Until `until` (the check's
+/// deadline), then the last answer stands.
+async fn again_while_moving<C: AskAgain>(
     conn: &mut C,
     cmd: &redis::Cmd,
+    first: RedisError,
+    until: tokio::time::Instant,
 ) -> RedisResult<Vec<u8>> {
+    let mut last = first;
     loop {
-        tokio::time::sleep(MOVING_PAUSE).await;
-        match cmd.query_async(conn).await {
-            Err(e) if slot_moving(&e) => continue,
-            result => return result,
+        // (`redirect_node` gives the node's address and the slot.)
+        let asked = last
+            .redirect_node()
+            .filter(|_| last.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask))
+            .and_then(|(address, _slot)| address.rsplit_once(':'))
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
+        let attempt = async {
+            if let Some(asking) = asked.and_then(|node| conn.ask_again(cmd, node)) {
+                return asking.await;
+            }
+            tokio::time::sleep(MOVING_PAUSE).await;
+            cmd.query_async(conn).await
+        };
+        match tokio::time::timeout_at(until, attempt).await {
+            Err(_) => return Err(last),
+            Ok(Err(e)) if slot_moving(&e) => last = e,
+            Ok(result) => return result,
         }
+    }
+}
+
+/// How a connection sends a call again after an `ASK` its client did not
+/// settle. redis-rs' Cluster client sends `ASKING` and waits for its
+/// answer before it sends the call, so another call on the same
+/// connection may come between them and use the node's one-call
+/// permission: the call is then answered `MOVED`, sent back to the slot's
+/// old node, `ASK`ed again, and so on until its tries run out (3–4% of the
+/// checks of the moving slots failed so in a slow reshard). A Cluster
+/// connection here sends `ASKING` and the call as one pipeline, one write
+/// that nothing comes between.
+trait AskAgain: ConnectionLike {
+    /// `cmd` preceded by `ASKING`, as one write to `node` (host, port), or
+    /// `None` for a connection that is not a Cluster's.
+    fn ask_again<'a>(
+        &'a mut self,
+        _cmd: &'a redis::Cmd,
+        _node: (String, u16),
+    ) -> Option<redis::RedisFuture<'a, Vec<u8>>> {
+        None
+    }
+}
+
+impl AskAgain for MultiplexedConnection {}
+
+impl AskAgain for ClusterConnection {
+    fn ask_again<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+        (host, port): (String, u16),
+    ) -> Option<redis::RedisFuture<'a, Vec<u8>>> {
+        Some(Box::pin(async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").add_command(cmd.clone());
+            let node = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress { host, port };
+            // (The call's answer alone: the pipeline's second.)
+            let answer = self.route_pipeline(pipe, 1, 1, node).await?;
+            let value = answer.into_iter().next().ok_or_else(|| {
+                RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "no answer to a call sent after ASKING",
+                ))
+            })?;
+            Ok(<Vec<u8> as redis::FromRedisValue>::from_redis_value(
+                value.extract_error()?,
+            )?)
+        }))
+    }
+}
+
+impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
+    fn ask_again<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+        node: (String, u16),
+    ) -> Option<redis::RedisFuture<'a, Vec<u8>>> {
+        self.conn.ask_again(cmd, node)
     }
 }
 
