@@ -54,11 +54,14 @@
 //!   then counted twice. The error is always that way: a Cluster check
 //!   never charges a user less than it allowed. **While a slot migrates**
 //!   (a reshard), a check whose keys are all on one node is decided
-//!   there; one whose keys are split between the two nodes (a route-wide
-//!   limit's: a user's state not yet moved, the route's moved, or the
-//!   other way) is answered `TRYAGAIN` by Redis, running nothing, and the
-//!   store sends it again every 2 ms until its deadline, so it is decided
-//!   once the slot's keys have moved. A check the old node redirects with
+//!   there. A check of two keys (a route-wide limit's: the user's state
+//!   and the route's) whose user has no state (a new user, or one whose
+//!   windows emptied) or whose keys are split between the nodes is
+//!   answered `TRYAGAIN` by Redis, which runs nothing: the store sends it
+//!   again every 2 ms until its deadline, so it is decided if the slot's
+//!   keys have moved by then, and fails by the fail mode otherwise (a
+//!   route's budgets share one slot, which `redis-cli --cluster reshard`
+//!   moves in one go). A check the old node redirects with
 //!   `ASK` that the client's own tries do not settle is sent by the store
 //!   to the new node with its `ASKING` in one write (redis-rs sends
 //!   `ASKING` apart, where another call may use it up). (On a caller's Cluster pool, the
