@@ -49,7 +49,7 @@ use axum::Router;
 use clap::{Parser, ValueEnum};
 use http::request::Parts;
 use tower_ratelimit::identity::{self, Client, ForwardedIp, Identity, IdentityError};
-use tower_ratelimit::store::redis::{redacted, RedisStore};
+use tower_ratelimit::store::redis::{redacted, RedisStore, RedisStoreBuilder};
 use tower_ratelimit::{
     Adjustment, Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules,
     Store, StoreError, StoreErrorKind,
@@ -72,22 +72,19 @@ path = "^/multiple"
 rules = [{ second = 5, minute = 100, hour = 1000 }]
 "#;
 
-/// What a `--redis` URL may be (`redis::Client::open`; this build of the
-/// redis crate has no TLS).
-const REDIS_URLS: &str = "expected redis://HOST[:PORT][/DB] (valkey:// too) or a Unix socket, \
-     unix:///PATH or redis+unix:///PATH; rediss:// (TLS) is not supported: \
-     the crate's redis dependency is built without TLS";
+/// What a `--redis` URL may be (`redis::Client::open`, with the crate's
+/// `tls` feature).
+const REDIS_URLS: &str = "expected redis://HOST[:PORT][/DB] (valkey:// too), rediss:// for TLS, \
+     or a Unix socket, unix:///PATH or redis+unix:///PATH";
 
 /// What a `--redis-cluster` seed node may be (redis-rs' cluster client
 /// takes no Unix socket: a Cluster names its nodes by IP and port).
-const CLUSTER_URLS: &str = "expected comma-separated redis://HOST:PORT (valkey:// too); \
-     not a Unix socket (a Cluster names its nodes by IP and port), nor rediss:// (TLS), \
-     which the crate's redis dependency is built without";
+const CLUSTER_URLS: &str = "expected comma-separated redis://HOST:PORT (valkey:// too), or \
+     rediss://HOST:PORT for TLS; not a Unix socket (a Cluster names its nodes by IP and port)";
 
 /// What a `--redis-sentinel` URL may be.
-const SENTINEL_URLS: &str = "expected comma-separated redis://HOST[:PORT] (valkey:// too) or \
-     unix:///PATH sentinel addresses; rediss:// (TLS) is not supported: the crate's \
-     redis dependency is built without TLS";
+const SENTINEL_URLS: &str = "expected comma-separated redis://HOST[:PORT] (valkey:// too), \
+     rediss:// for TLS (the master too, then), or unix:///PATH sentinel addresses";
 
 /// The longest `--timeout-ms`: a deadline is there to bound a stalled
 /// store's wait.
@@ -134,6 +131,23 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 50, requires = "redis_store",
           value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS))]
     timeout_ms: u64,
+    /// For rediss:// (TLS): trust this CA (a PEM file) instead of the
+    /// system's root certificates (--redis and --redis-cluster).
+    #[arg(long, value_name = "FILE", conflicts_with = "redis_sentinel")]
+    redis_ca: Option<std::path::PathBuf>,
+    /// For rediss:// (TLS) to a server that asks for a client certificate:
+    /// this one (a PEM file), with --redis-key (--redis and
+    /// --redis-cluster).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis_key",
+        conflicts_with = "redis_sentinel"
+    )]
+    redis_cert: Option<std::path::PathBuf>,
+    /// The private key (a PEM file) of --redis-cert.
+    #[arg(long, value_name = "FILE", requires = "redis_cert")]
+    redis_key: Option<std::path::PathBuf>,
     /// Trust X-Forwarded-For from proxies in this network (repeatable; CIDR
     /// or address). Without it, the peer address is the client.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
@@ -278,8 +292,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         Mode::Fallback => FailMode::Fallback,
     };
     if let Some(url) = &args.redis {
-        let store = RedisStore::builder()
-            .url(url)
+        let store = with_tls(RedisStore::builder().url(url), &args)?
             .timeout(timeout)
             .build()
             .await
@@ -300,8 +313,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         );
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_cluster {
-        let store = RedisStore::builder()
-            .cluster(urls.clone())
+        let store = with_tls(RedisStore::builder().cluster(urls.clone()), &args)?
             .timeout(timeout)
             .build()
             .await
@@ -312,6 +324,25 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         tracing::info!("store: memory");
         serve(&args, config, loaded, MemoryStore::new(), mode, proxies).await
     }
+}
+
+/// `builder` with the certificates of `--redis-ca`, `--redis-cert` and
+/// `--redis-key`, read from their files.
+fn with_tls(
+    mut builder: RedisStoreBuilder,
+    args: &Args,
+) -> Result<RedisStoreBuilder, Box<dyn std::error::Error>> {
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+    };
+    if let Some(ca) = &args.redis_ca {
+        builder = builder.tls_root_certificate(read("--redis-ca", ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&args.redis_cert, &args.redis_key) {
+        builder =
+            builder.tls_client_certificate(read("--redis-cert", cert)?, read("--redis-key", key)?);
+    }
+    Ok(builder)
 }
 
 /// The error of a Redis flag the store refused: the flag, its URL (given

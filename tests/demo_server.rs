@@ -269,6 +269,46 @@ async fn two_replicas_on_one_redis_share_each_budget() {
     assert_eq!(get(late, "/a", &[("x-api-key", "dave")]).await.status, 200);
 }
 
+/// Two replicas on a Redis reached over TLS (`rediss://`), its certificate
+/// signed by a private CA given with `--redis-ca`, and the client's with
+/// `--redis-cert` and `--redis-key`.
+#[tokio::test]
+async fn two_replicas_on_a_redis_over_tls_share_each_budget() {
+    use support::redis_server::TlsFiles;
+    let files = TlsFiles::make();
+    let (_redis, port) = RedisServer::start_tls(&files, true);
+    let file = config_file(MINUTE_TABLE);
+    let url = format!("rediss://127.0.0.1:{port}");
+    let (ca, cert, key) = (
+        files.path("ca.crt"),
+        files.path("client.crt"),
+        files.path("client.key"),
+    );
+    let flags = [
+        "--config",
+        file.path(),
+        "--redis",
+        &url,
+        "--redis-ca",
+        &ca,
+        "--redis-cert",
+        &cert,
+        "--redis-key",
+        &key,
+    ];
+    let replicas = [demo(&flags).await, demo(&flags).await];
+    let key = [("x-api-key", "carol")];
+    assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
+    assert_eq!(get(replicas[1], "/a", &key).await.status, 200);
+    for replica in replicas {
+        let denied = get(replica, "/a", &key).await;
+        assert_eq!(denied.status, 429, "{denied:?}");
+    }
+    // Without the client certificate the server asks for: refused at start.
+    let error = start_error(&["--redis", &url, "--redis-ca", &ca]).await;
+    assert!(error.starts_with(&format!("--redis {url}: ")), "{error}");
+}
+
 /// The same on a three-master Cluster, through `--redis-cluster`.
 #[tokio::test]
 async fn two_replicas_on_a_cluster_share_each_budget() {
@@ -437,15 +477,14 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     assert!(error.starts_with("--redis http://127.0.0.1:1: "), "{error}");
     assert!(error.contains("expected redis://HOST"), "{error}");
     assert!(error.contains("unix:///PATH"), "{error}");
-    let error = start_error(&["--redis", "rediss://127.0.0.1:1"]).await;
+    // TLS certificates for a server reached without TLS.
+    let ca = config_file("not read: the URL is refused first");
+    let error = start_error(&["--redis", "redis://127.0.0.1:1", "--redis-ca", ca.path()]).await;
     assert!(
-        error.starts_with("--redis rediss://127.0.0.1:1: "),
+        error.starts_with("--redis redis://127.0.0.1:1: "),
         "{error}"
     );
-    assert!(
-        error.contains("rediss:// (TLS) is not supported"),
-        "{error}"
-    );
+    assert!(error.contains("not rediss://"), "{error}");
     let error = start_error(&["--redis-cluster", "redis://127.0.0.1:1,http://127.0.0.1:2"]).await;
     assert!(
         error.starts_with("--redis-cluster redis://127.0.0.1:1,http://127.0.0.1:2: "),

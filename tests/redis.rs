@@ -2507,3 +2507,130 @@ async fn checks_of_a_moved_budget_are_decided_while_its_slot_migrates() {
     let last = store.check(check("moved")).await.unwrap();
     assert_eq!(last.windows()[0].remaining, 1_000_000 - 1 - 8 * 150 - 1);
 }
+
+/// TLS (`rediss://`, the `tls` feature): a server whose certificate a
+/// private CA signed is reached with that CA as the root, checks are
+/// decided over it, and a server that asks for a client certificate gets
+/// the one given; without the CA the server is refused, as it is without
+/// the client certificate it asks for, and `#insecure` skips the check.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_store_over_tls_decides_and_verifies_the_server() {
+    use support::redis_server::TlsFiles;
+    use tower_ratelimit::StoreErrorKind;
+    let files = TlsFiles::make();
+    let (_server, port) = RedisServer::start_tls(&files, false);
+    let url = format!("rediss://127.0.0.1:{port}");
+    let store = RedisStore::builder()
+        .url(&url)
+        .tls_root_certificate(files.read("ca.crt"))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.limited());
+
+    // The system's roots do not know the private CA.
+    let unknown = RedisStore::builder().url(&url).build().await.unwrap_err();
+    assert_eq!(unknown.kind(), StoreErrorKind::Config, "{unknown}");
+    assert!(unknown.to_string().contains("UnknownIssuer"), "{unknown}");
+    // Unless told not to verify.
+    let insecure = RedisStore::builder()
+        .url(format!("{url}/#insecure"))
+        .build()
+        .await;
+    assert!(insecure.is_ok(), "{:?}", insecure.err());
+    // Certificates for a server reached without TLS: a setup error.
+    let plain = RedisStore::builder()
+        .url(format!("redis://127.0.0.1:{}", _server.port))
+        .tls_root_certificate(files.read("ca.crt"))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(plain.kind(), StoreErrorKind::Config, "{plain}");
+
+    // A server that asks for the client's certificate.
+    let (_asking, port) = RedisServer::start_tls(&files, true);
+    let url = format!("rediss://127.0.0.1:{port}");
+    let without = RedisStore::builder()
+        .url(&url)
+        .tls_root_certificate(files.read("ca.crt"))
+        .build()
+        .await;
+    let without = without.unwrap_err();
+    assert_eq!(without.kind(), StoreErrorKind::Config, "{without}");
+    let store = RedisStore::builder()
+        .url(&url)
+        .tls_root_certificate(files.read("ca.crt"))
+        .tls_client_certificate(files.read("client.crt"), files.read("client.key"))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/a", "u").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// A Cluster over TLS (one node holding every slot, which announces its
+/// TLS port), reached with the private CA as the root.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_cluster_store_over_tls_decides() {
+    use support::redis_server::TlsFiles;
+    let files = TlsFiles::make();
+    let tls_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let tls = tls_port.to_string();
+    let (cert, key, ca) = (
+        files.path("server.crt"),
+        files.path("server.key"),
+        files.path("ca.crt"),
+    );
+    let server = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--tls-port",
+        &tls,
+        "--tls-cluster",
+        "yes",
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    assert_eq!(
+        server.cli(&["cluster", "addslotsrange", "0", "16383"]),
+        "OK"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server
+        .cli(&["cluster", "info"])
+        .contains("cluster_state:ok")
+    {
+        assert!(Instant::now() < deadline, "cluster never became ok");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let store = RedisStore::builder()
+        .cluster([format!("rediss://127.0.0.1:{tls_port}")])
+        .tls_root_certificate(files.read("ca.crt"))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.limited());
+}

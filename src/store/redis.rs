@@ -2024,9 +2024,18 @@ fn misconfigured(e: &RedisError) -> bool {
         return true;
     }
     let text = e.to_string();
-    ["cluster support disabled", "WRONGPASS", "NOAUTH"]
-        .iter()
-        .any(|sign| text.contains(sign))
+    // (And a TLS handshake that failed on a certificate, on either side,
+    // or met a server that does not speak TLS: rustls' words.)
+    [
+        "cluster support disabled",
+        "WRONGPASS",
+        "NOAUTH",
+        "invalid peer certificate",
+        "received fatal alert",
+        "received corrupt message",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
 }
 
 /// A server's refusal of any command for a while: loading its data
@@ -2214,6 +2223,102 @@ enum Target {
     ClusterPool(deadpool_redis::cluster::Pool),
 }
 
+/// The certificates of a store's `rediss://` connections (the `tls`
+/// feature; nothing without it), and the clients made with them.
+#[derive(Clone, Default)]
+struct Tls {
+    #[cfg(feature = "tls")]
+    certificates: Option<redis::TlsCertificates>,
+}
+
+impl Tls {
+    #[cfg(feature = "tls")]
+    fn certificates(&mut self) -> &mut redis::TlsCertificates {
+        self.certificates.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        })
+    }
+
+    /// Whether certificates were given.
+    fn given(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.certificates.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// A client of one server at `url`, with the certificates if any.
+    fn client(&self, url: &str) -> Result<redis::Client, StoreError> {
+        self.usable(std::iter::once(url))?;
+        #[cfg(feature = "tls")]
+        let client = match &self.certificates {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates.clone()),
+            None => redis::Client::open(url),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(url);
+        client.map_err(|e| config_error(format!("invalid redis url `{}`: {e}", redacted(url))))
+    }
+
+    /// A Cluster client's builder for `urls`, with the certificates if any.
+    fn cluster(&self, urls: &[String]) -> Result<redis::cluster::ClusterClientBuilder, StoreError> {
+        self.usable(urls.iter().map(String::as_str))?;
+        let builder = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str));
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = &self.certificates {
+            return Ok(builder.certs(certificates.clone()));
+        }
+        Ok(builder)
+    }
+
+    /// `Ok` when `urls` can be reached as given: `rediss://` needs the
+    /// `tls` feature, and certificates need `rediss://` URLs.
+    fn usable<'a>(&self, mut urls: impl Iterator<Item = &'a str>) -> Result<(), StoreError> {
+        let tls = |url: &str| {
+            url.get(..9)
+                .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
+        };
+        let (mut all, mut any) = (true, false);
+        for url in urls.by_ref() {
+            if tls(url) && !cfg!(feature = "tls") {
+                return Err(config_error(format!(
+                    "`{}`: rediss:// (TLS) needs tower-ratelimit's `tls` feature",
+                    redacted(url)
+                )));
+            }
+            all &= tls(url);
+            any |= tls(url);
+        }
+        if self.given() && !all {
+            return Err(config_error(
+                "TLS certificates were given for a server whose url is not rediss://",
+            ));
+        }
+        // (rustls takes the process's default crypto provider, which it
+        // picks by itself only when the build has one alone: ring, made
+        // the default here unless the application installed one before.)
+        #[cfg(feature = "tls")]
+        if any && rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        #[cfg(not(feature = "tls"))]
+        let _ = any;
+        Ok(())
+    }
+
+    /// `Ok` unless certificates were given to a store that does not use
+    /// them (`what`).
+    fn unused_by(&self, what: &str) -> Result<(), StoreError> {
+        if self.given() {
+            return Err(config_error(format!(
+                "TLS certificates apply to url(..) and cluster(..) stores, not to {what}"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Configures a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -2223,6 +2328,8 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     combine_checks: bool,
     keepalive: Option<Duration>,
+    /// The CA and client certificate for `rediss://` (the `tls` feature).
+    tls: Tls,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -2246,6 +2353,7 @@ impl RedisStore {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             combine_checks: true,
             keepalive: Some(DEFAULT_KEEPALIVE),
+            tls: Tls::default(),
         }
     }
 
@@ -2977,6 +3085,48 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// With the `tls` feature: trusts `pem` (one or more PEM certificates)
+    /// as the roots for `rediss://` connections made by a
+    /// [`url`](Self::url) or [`cluster`](Self::cluster) store, instead of
+    /// the system's root certificates: for a Redis whose certificate a
+    /// private CA signed. (A Sentinel store uses the system's roots; a
+    /// caller's pool, its own configuration. `rediss://HOST/#insecure`
+    /// skips the server's verification, for tests.)
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::store::redis::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_root_certificate(std::fs::read("/etc/redis/ca.crt")?)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.certificates().root_cert = Some(pem.into());
+        self
+    }
+
+    /// With the `tls` feature: the client certificate and its private key
+    /// (PEM) that a [`url`](Self::url) or [`cluster`](Self::cluster) store
+    /// presents on `rediss://` connections, for a Redis that asks clients
+    /// for one (its `tls-auth-clients`, on by default).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.certificates().client_tls = Some(redis::ClientTlsConfig {
+            client_cert: certificate.into(),
+            client_key: key.into(),
+        });
+        self
+    }
+
     /// A `deadpool-redis` pool owned by the caller.
     ///
     /// The store checks one connection out of it when built and keeps it
@@ -3144,12 +3294,11 @@ impl RedisStoreBuilder {
             ping_timeout: response_timeout,
             deadlines: false,
         };
+        let tls = self.tls;
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
             Some(Target::Url(url)) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| {
-                    config_error(format!("invalid redis url `{}`: {e}", redacted(&url)))
-                })?;
+                let client = tls.client(&url)?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(response_timeout));
@@ -3173,6 +3322,9 @@ impl RedisStoreBuilder {
                     SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
                 };
                 use redis::IntoConnectionInfo;
+                tls.unused_by("a Sentinel store (it uses the system's root certificates)")?;
+                tls.usable(sentinels.iter().map(String::as_str))?;
+                tls.usable(master.iter().map(String::as_str))?;
                 let node = match &master {
                     Some(url) => {
                         let info = url.as_str().into_connection_info().map_err(|e| {
@@ -3187,6 +3339,24 @@ impl RedisStoreBuilder {
                         )
                     }
                     None => None,
+                };
+                // (The master over TLS when its url, or else the first
+                // sentinel's, is `rediss://`.)
+                #[cfg(feature = "tls")]
+                let node = match master.as_deref().or(sentinels.first().map(String::as_str)) {
+                    Some(url)
+                        if url
+                            .get(..9)
+                            .is_some_and(|s| s.eq_ignore_ascii_case("rediss://")) =>
+                    {
+                        let mode = if url.ends_with("#insecure") {
+                            redis::TlsMode::Insecure
+                        } else {
+                            redis::TlsMode::Secure
+                        };
+                        Some(node.unwrap_or_default().set_tls_mode(mode))
+                    }
+                    _ => node,
                 };
                 let what = format!("redis master `{service}` (through its sentinels)");
                 if unknown_to_every_sentinel(&sentinels, &service, connect_timeout).await {
@@ -3248,20 +3418,20 @@ impl RedisStoreBuilder {
                 Backend::Direct(Lazy::launch(connect, direct, &common, Some(follow), &what).await?)
             }
             Some(Target::Cluster(urls)) => {
-                let client =
-                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                        .connection_timeout(connect_timeout)
-                        .response_timeout(response_timeout)
-                        .retries(2)
-                        // (Its waits before trying a `TRYAGAIN`, `CLUSTERDOWN`
-                        // or `LOADING` again: 1.28 s at least by default,
-                        // beyond any check's deadline; a few milliseconds
-                        // here, the store trying again within the deadline.)
-                        .min_retry_wait(1)
-                        .max_retry_wait(4)
-                        .retry_wait_formula(2, 2)
-                        .build()
-                        .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))?;
+                let builder = tls.cluster(&urls)?;
+                let client = builder
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(response_timeout)
+                    .retries(2)
+                    // (Its waits before trying a `TRYAGAIN`, `CLUSTERDOWN`
+                    // or `LOADING` again: 1.28 s at least by default,
+                    // beyond any check's deadline; a few milliseconds
+                    // here, the store trying again within the deadline.)
+                    .min_retry_wait(1)
+                    .max_retry_wait(4)
+                    .retry_wait_formula(2, 2)
+                    .build()
+                    .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))?;
                 let connect: Connect<ClusterConnection> = Box::new(move || {
                     let client = client.clone();
                     Box::pin(async move {
@@ -3289,6 +3459,7 @@ impl RedisStoreBuilder {
             // within the store's deadline; two are held for that long at
             // most.)
             Some(Target::Pool(pool)) => {
+                tls.unused_by("a caller's pool (whose own configuration sets its TLS)")?;
                 let get = move || -> BoxFuture<_> {
                     let pool = pool.clone();
                     Box::pin(async move { pool.get().await })
@@ -3297,6 +3468,7 @@ impl RedisStoreBuilder {
                 Backend::Pool(Lazy::launch(connect, direct, &common, None, "redis (pool)").await?)
             }
             Some(Target::ClusterPool(pool)) => {
+                tls.unused_by("a caller's pool (whose own configuration sets its TLS)")?;
                 let get = move || -> BoxFuture<_> {
                     let pool = pool.clone();
                     Box::pin(async move { pool.get().await })

@@ -493,3 +493,138 @@ pub fn unique_prefix() -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A private CA, a certificate it signed for a server at 127.0.0.1 (and
+/// localhost), and one for a client: PEM files made with `openssl` in a
+/// directory of their own (`ca.crt`, `server.crt`, `server.key`,
+/// `client.crt`, `client.key`).
+#[allow(dead_code)]
+pub struct TlsFiles {
+    pub dir: PathBuf,
+}
+
+#[allow(dead_code)]
+impl TlsFiles {
+    pub fn make() -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("tower-ratelimit-tls-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl (apt-get install openssl)");
+            assert!(
+                output.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let key = |name: &str| {
+            run(&[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                name,
+            ])
+        };
+        key("ca.key");
+        run(&[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-sha256",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tower-ratelimit test CA",
+            "-out",
+            "ca.crt",
+        ]);
+        for (who, usage, names) in [
+            (
+                "server",
+                "serverAuth",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+            ),
+            ("client", "clientAuth", ""),
+        ] {
+            key(&format!("{who}.key"));
+            run(&[
+                "req",
+                "-new",
+                "-key",
+                &format!("{who}.key"),
+                "-subj",
+                &format!("/CN={who}"),
+                "-out",
+                &format!("{who}.csr"),
+            ]);
+            let ext = format!("{names}basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage={usage}\n");
+            std::fs::write(dir.join(format!("{who}.ext")), ext).unwrap();
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{who}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-sha256",
+                "-extfile",
+                &format!("{who}.ext"),
+                "-out",
+                &format!("{who}.crt"),
+            ]);
+        }
+        Self { dir }
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_str().unwrap().to_owned()
+    }
+
+    pub fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(name)).unwrap()
+    }
+}
+
+#[allow(dead_code)]
+impl RedisServer {
+    /// A server that also serves TLS, on the returned port (its plain port
+    /// stays, for `cli`), with the certificates of `files`; it asks
+    /// clients for a certificate when `client_certificates` is set.
+    pub fn start_tls(files: &TlsFiles, client_certificates: bool) -> (Self, u16) {
+        let tls_port = free_port().to_string();
+        let (cert, key, ca) = (
+            files.path("server.crt"),
+            files.path("server.key"),
+            files.path("ca.crt"),
+        );
+        let auth = if client_certificates { "yes" } else { "no" };
+        let server = Self::start_with(&[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            auth,
+        ]);
+        (server, tls_port.parse().unwrap())
+    }
+}
