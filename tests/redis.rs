@@ -2634,3 +2634,24 @@ async fn a_cluster_store_over_tls_decides() {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(denied.limited());
 }
+
+/// A master reached over TLS through sentinels reached over TLS (the
+/// sentinels' URLs are `rediss://`, so the master's connection is too).
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_sentinel_store_over_tls_decides() {
+    use support::redis_server::{RedisSentinels, TlsFiles};
+    let files = TlsFiles::make();
+    let (_master, _sentinel, port) = RedisSentinels::start_tls(&files);
+    // (A private CA is not given to a Sentinel store: not verified here.)
+    let store = RedisStore::builder()
+        .sentinel([format!("rediss://127.0.0.1:{port}/#insecure")], "mymaster")
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.limited());
+}

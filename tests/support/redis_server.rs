@@ -628,3 +628,55 @@ impl RedisServer {
         (server, tls_port.parse().unwrap())
     }
 }
+
+#[allow(dead_code)]
+impl RedisSentinels {
+    /// A master serving TLS (and no replica), and a sentinel that watches
+    /// it over TLS and serves TLS itself: (master, sentinel, the
+    /// sentinel's TLS port). Plain ports stay, for `cli`.
+    pub fn start_tls(files: &TlsFiles) -> (RedisServer, RedisServer, u16) {
+        let (master, master_tls) = RedisServer::start_tls(files, false);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tower-ratelimit-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("sentinel.conf");
+        let tls_port = free_port();
+        std::fs::write(
+            dir.join("sentinel.conf.in"),
+            format!(
+                "tls-port {tls_port}\n\
+                 tls-cert-file {}\n\
+                 tls-key-file {}\n\
+                 tls-ca-cert-file {}\n\
+                 tls-auth-clients no\n\
+                 tls-replication yes\n\
+                 sentinel monitor mymaster 127.0.0.1 {master_tls} 1\n\
+                 sentinel down-after-milliseconds mymaster 1000\n",
+                files.path("server.crt"),
+                files.path("server.key"),
+                files.path("ca.crt"),
+            ),
+        )
+        .unwrap();
+        let mut sentinel = RedisServer {
+            port: 0,
+            child: None,
+            dir,
+            extra: Vec::new(),
+            first: vec![
+                config.to_string_lossy().into_owned(),
+                "--sentinel".to_owned(),
+            ],
+        };
+        let started = (0..5).any(|_| {
+            sentinel.port = free_port();
+            sentinel.spawn()
+        });
+        assert!(
+            started,
+            "redis-sentinel did not start; log:\n{}",
+            sentinel.log()
+        );
+        (master, sentinel, tls_port)
+    }
+}
