@@ -133,7 +133,12 @@ pub struct Args {
     timeout_ms: u64,
     /// For rediss:// (TLS): trust this CA (a PEM file) instead of the
     /// system's root certificates (--redis and --redis-cluster).
-    #[arg(long, value_name = "FILE", conflicts_with = "redis_sentinel")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis_store",
+        conflicts_with = "redis_sentinel"
+    )]
     redis_ca: Option<std::path::PathBuf>,
     /// For rediss:// (TLS) to a server that asks for a client certificate:
     /// this one (a PEM file), with --redis-key (--redis and
@@ -141,7 +146,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "FILE",
-        requires = "redis_key",
+        requires_all = ["redis_key", "redis_store"],
         conflicts_with = "redis_sentinel"
     )]
     redis_cert: Option<std::path::PathBuf>,

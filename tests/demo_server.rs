@@ -478,7 +478,7 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     assert!(error.contains("expected redis://HOST"), "{error}");
     assert!(error.contains("unix:///PATH"), "{error}");
     // TLS certificates for a server reached without TLS.
-    let ca = config_file("not read: the URL is refused first");
+    let ca = config_file("not parsed: the URL is refused first");
     let error = start_error(&["--redis", "redis://127.0.0.1:1", "--redis-ca", ca.path()]).await;
     assert!(
         error.starts_with("--redis redis://127.0.0.1:1: "),
@@ -533,6 +533,22 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
 
     // Flags clap refuses before the server starts.
     assert!(example::Args::try_parse_from(["server", "--timeout-ms", "0"]).is_err());
+    // The TLS files are for --redis and --redis-cluster, a client
+    // certificate with its key.
+    for flags in [
+        &["--redis-ca", "ca.crt"][..],
+        &["--redis-cert", "c.crt", "--redis-key", "c.key"],
+        &["--redis", "rediss://127.0.0.1:1", "--redis-cert", "c.crt"],
+        &[
+            "--redis-sentinel",
+            "rediss://127.0.0.1:1",
+            "--redis-ca",
+            "ca.crt",
+        ],
+    ] {
+        let parsed = example::Args::try_parse_from(["server"].iter().chain(flags));
+        assert!(parsed.is_err(), "{flags:?} parsed");
+    }
     // --timeout-ms is bounded: 1 to 60000.
     let redis = ["server", "--redis", "redis://127.0.0.1:1"];
     for (ms, ok) in [

@@ -2439,7 +2439,7 @@ async fn checks_of_a_moved_budget_are_decided_while_its_slot_migrates() {
     let cluster = RedisCluster::start();
     let store = RedisStore::builder()
         .cluster(cluster.urls())
-        .timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(2))
         .build()
         .await
         .unwrap();
@@ -2584,10 +2584,7 @@ async fn a_store_over_tls_decides_and_verifies_the_server() {
 async fn a_cluster_store_over_tls_decides() {
     use support::redis_server::TlsFiles;
     let files = TlsFiles::make();
-    let tls_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let tls_port = support::redis_server::free_port();
     let tls = tls_port.to_string();
     let (cert, key, ca) = (
         files.path("server.crt"),

@@ -54,14 +54,16 @@
 //!   then counted twice. The error is always that way: a Cluster check
 //!   never charges a user less than it allowed. **While a slot migrates**
 //!   (a reshard), a check whose keys are all on one node is decided
-//!   there. A check of two keys (a route-wide limit's: the user's state
-//!   and the route's) whose user has no state (a new user, or one whose
-//!   windows emptied) or whose keys are split between the nodes is
-//!   answered `TRYAGAIN` by Redis, which runs nothing: the store sends it
-//!   again every 2 ms until its deadline, so it is decided if the slot's
-//!   keys have moved by then, and fails by the fail mode otherwise (a
-//!   route's budgets share one slot, which `redis-cli --cluster reshard`
-//!   moves in one go). A check the old node redirects with
+//!   there. A check of two keys or more (a route-wide limit's: the user's
+//!   state and the route's; a rule's with a block time: the state and the
+//!   block marker, which exists only while the user is blocked) one of
+//!   which does not exist (a new user, one whose windows emptied, a user
+//!   not blocked) or whose keys are split between the nodes is answered
+//!   `TRYAGAIN` by Redis, which runs nothing: the store sends it again, 2
+//!   to 16 ms apart, until its deadline, so it is decided if the slot's
+//!   keys have moved by then, and fails by the fail mode otherwise. (A
+//!   route's budgets share one slot, a user's one of their own;
+//!   `redis-cli --cluster reshard` moves a slot in one go.) A check the old node redirects with
 //!   `ASK` that the client's own tries do not settle is sent by the store
 //!   to the new node with its `ASKING` in one write (redis-rs sends
 //!   `ASKING` apart, where another call may use it up). (On a caller's Cluster pool, the
@@ -1837,9 +1839,17 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         };
         let started = tokio::time::Instant::now();
         let result = match cmd.query_async(&mut conn).await {
-            // (Boxed: a rare path, kept out of every check's future.)
-            Err(e) if slot_moving(&e) => {
-                Box::pin(again_while_moving(&mut conn, cmd, e, started + deadline)).await
+            // (A Cluster's: a single server's `MOVED`, a proxy's, does not
+            // pass. Boxed: a rare path, kept out of every check's future.)
+            Err(e) if self.heals && slot_moving(&e) => {
+                let again = again_while_moving(&mut conn, cmd, e, started + deadline);
+                match Box::pin(again).await {
+                    Some(result) => result,
+                    None => {
+                        self.observe_timeout(started);
+                        return Err(StoreError::timeout());
+                    }
+                }
             }
             result => result,
         };
@@ -2025,7 +2035,10 @@ fn misconfigured(e: &RedisError) -> bool {
     }
     let text = e.to_string();
     // (And a TLS handshake that failed on a certificate, on either side,
-    // or met a server that does not speak TLS: rustls' words.)
+    // or that a server answered with something else than TLS: rustls'
+    // words. A server that does not answer a handshake at all, as a plain
+    // Redis often does, is not told from one not reachable yet: the store
+    // keeps trying, as the warning at `build` says.)
     [
         "cluster support disabled",
         "WRONGPASS",
@@ -2223,6 +2236,13 @@ enum Target {
     ClusterPool(deadpool_redis::cluster::Pool),
 }
 
+/// Whether `url` is one that redis-rs reaches over TLS (`rediss://`,
+/// `valkeys://`).
+fn is_tls_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
 /// The certificates of a store's `rediss://` connections (the `tls`
 /// feature; nothing without it), and the clients made with them.
 #[derive(Clone, Default)]
@@ -2275,11 +2295,8 @@ impl Tls {
     /// `Ok` when `urls` can be reached as given: `rediss://` needs the
     /// `tls` feature, and certificates need `rediss://` URLs.
     fn usable<'a>(&self, mut urls: impl Iterator<Item = &'a str>) -> Result<(), StoreError> {
-        let tls = |url: &str| {
-            url.get(..9)
-                .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
-        };
-        let (mut all, mut any) = (true, false);
+        let tls = is_tls_url;
+        let mut all = true;
         for url in urls.by_ref() {
             if tls(url) && !cfg!(feature = "tls") {
                 return Err(config_error(format!(
@@ -2288,22 +2305,12 @@ impl Tls {
                 )));
             }
             all &= tls(url);
-            any |= tls(url);
         }
         if self.given() && !all {
             return Err(config_error(
                 "TLS certificates were given for a server whose url is not rediss://",
             ));
         }
-        // (rustls takes the process's default crypto provider, which it
-        // picks by itself only when the build has one alone: ring, made
-        // the default here unless the application installed one before.)
-        #[cfg(feature = "tls")]
-        if any && rustls::crypto::CryptoProvider::get_default().is_none() {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        #[cfg(not(feature = "tls"))]
-        let _ = any;
         Ok(())
     }
 
@@ -2743,22 +2750,30 @@ fn slot_moving(e: &RedisError) -> bool {
     matches!(e.kind(), redis::ErrorKind::Server(TryAgain | Ask | Moved))
 }
 
-/// How long a call answered [`slot_moving`] waits before it goes again (a
-/// slot's keys move in a few milliseconds; the check's deadline bounds
-/// the tries).
+/// How long a call answered [`slot_moving`] first waits before it goes
+/// again (a slot's keys move in a few milliseconds), doubled at each try
+/// up to [`MOVING_PAUSE_MAX`]; the check's deadline bounds the tries.
 const MOVING_PAUSE: Duration = Duration::from_millis(2);
+
+/// The longest wait between two tries of a call whose slot is moving: a
+/// check that cannot be decided until the slot has moved (see the module
+/// docs) costs the slot's nodes a few calls, not one every 2 ms.
+const MOVING_PAUSE_MAX: Duration = Duration::from_millis(16);
 
 /// Sends `cmd` again while its slot is moving (see [`slot_moving`]): after
 /// an `ASK`, at once, to the node it names, with its `ASKING` (see
 /// [`AskAgain`]); otherwise a moment later. Until `until` (the check's
-/// deadline), then the last answer stands.
+/// deadline): `None` if it passed during a try, which Redis may have
+/// run.
 async fn again_while_moving<C: AskAgain>(
     conn: &mut C,
     cmd: &redis::Cmd,
     first: RedisError,
     until: tokio::time::Instant,
-) -> RedisResult<Vec<u8>> {
+) -> Option<RedisResult<Vec<u8>>> {
     let mut last = first;
+    let mut pause = MOVING_PAUSE;
+    let mut after_ask = false;
     loop {
         // (`redirect_node` gives the node's address and the slot.)
         let asked = last
@@ -2766,17 +2781,27 @@ async fn again_while_moving<C: AskAgain>(
             .filter(|_| last.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask))
             .and_then(|(address, _slot)| address.rsplit_once(':'))
             .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
+        // (An `ASK` goes at once, once.)
+        if asked.is_none() || after_ask {
+            // (Waiting is no try: a deadline that passes here leaves the
+            // last answer, that Redis ran nothing.)
+            if tokio::time::Instant::now() + pause >= until {
+                return Some(Err(last));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MOVING_PAUSE_MAX);
+        }
+        after_ask = asked.is_some();
         let attempt = async {
             if let Some(asking) = asked.and_then(|node| conn.ask_again(cmd, node)) {
                 return asking.await;
             }
-            tokio::time::sleep(MOVING_PAUSE).await;
             cmd.query_async(conn).await
         };
         match tokio::time::timeout_at(until, attempt).await {
-            Err(_) => return Err(last),
+            Err(_) => return None,
             Ok(Err(e)) if slot_moving(&e) => last = e,
-            Ok(result) => return result,
+            Ok(result) => return Some(result),
         }
     }
 }
@@ -3295,6 +3320,15 @@ impl RedisStoreBuilder {
             deadlines: false,
         };
         let tls = self.tls;
+        // (rustls takes the process's default crypto provider, which it
+        // picks by itself only when the build has one alone: ring, made the
+        // default here unless the application installed one before, so
+        // that a build with two, ring and aws-lc-rs, works too, on the
+        // store's own connections and a caller's pool's.)
+        #[cfg(feature = "tls")]
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let backend = match self.target {
             None => return Err(config_error("no redis url, cluster or pool given")),
             Some(Target::Url(url)) => {
@@ -3344,11 +3378,7 @@ impl RedisStoreBuilder {
                 // sentinel's, is `rediss://`.)
                 #[cfg(feature = "tls")]
                 let node = match master.as_deref().or(sentinels.first().map(String::as_str)) {
-                    Some(url)
-                        if url
-                            .get(..9)
-                            .is_some_and(|s| s.eq_ignore_ascii_case("rediss://")) =>
-                    {
+                    Some(url) if is_tls_url(url) => {
                         let mode = if url.ends_with("#insecure") {
                             redis::TlsMode::Insecure
                         } else {
@@ -3509,6 +3539,46 @@ mod tests {
 
     fn packed(numbers: &[i64]) -> Vec<u8> {
         numbers.iter().flat_map(|&n| word(n)).collect()
+    }
+
+    /// The URLs redis-rs reaches over TLS, and certificates refused for
+    /// any other.
+    #[test]
+    fn tls_urls_are_rediss_and_valkeys() {
+        for url in ["rediss://h:6380", "REDISS://h", "valkeys://h:6380/0"] {
+            assert!(is_tls_url(url), "{url}");
+        }
+        for url in [
+            "redis://h",
+            "valkey://h",
+            "unix:///tmp/r.sock",
+            "rediss",
+            "h:6379",
+        ] {
+            assert!(!is_tls_url(url), "{url}");
+        }
+        assert!(
+            Tls::default()
+                .usable(["redis://h", "rediss://h"].into_iter())
+                .is_ok()
+                == cfg!(feature = "tls")
+        );
+        #[cfg(feature = "tls")]
+        {
+            let mut tls = Tls::default();
+            tls.certificates().root_cert = Some(b"pem".to_vec());
+            assert!(tls
+                .usable(["rediss://a", "valkeys://b"].into_iter())
+                .is_ok());
+            let error = tls
+                .usable(["rediss://a", "redis://b"].into_iter())
+                .unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Config);
+            assert_eq!(
+                tls.unused_by("a pool").unwrap_err().kind(),
+                StoreErrorKind::Config
+            );
+        }
     }
 
     /// A reconnect's wait lies between half its backoff and all of it,

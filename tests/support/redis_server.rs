@@ -28,7 +28,7 @@ pub struct RedisServer {
 }
 
 /// A port that is free, and whose cluster-bus twin (+10000) is free too.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     for _ in 0..200 {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -501,6 +501,12 @@ pub fn unique_prefix() -> String {
 #[allow(dead_code)]
 pub struct TlsFiles {
     pub dir: PathBuf,
+}
+
+impl Drop for TlsFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[allow(dead_code)]
