@@ -178,3 +178,61 @@ fn decision_events_carry_the_store_latency_of_an_asynchronous_store() {
     assert!(memory.contains("rate limit decision"), "{memory}");
     assert!(!memory.contains("store_us"), "{memory}");
 }
+
+/// A store built on one server (`url(..)`) of a Redis Cluster of a single
+/// master, which `build` lets be: once the Cluster gains a second master
+/// and hands it a budget's slot, that budget's checks are answered
+/// `MOVED`. They fail by the fail mode, and the store says why, once, as
+/// an error naming `cluster(..)`.
+#[test]
+fn a_server_that_answers_moved_is_named_a_cluster_node_once() {
+    use std::time::{Duration, Instant};
+    use support::redis_server::RedisServer;
+    use tower_ratelimit::store::redis::RedisStore;
+    use tower_ratelimit::{Check, Store, Window};
+    let first = RedisServer::start_cluster_of_one();
+    let second = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    let work = async {
+        let store = RedisStore::builder()
+            .url(first.url())
+            .build()
+            .await
+            .unwrap();
+        let minute = Window::new(Duration::from_secs(60), 10).unwrap();
+        let check = |user: &str| Check::new(format!("r1:{user}"), [minute]);
+        assert!(store.check(check("here")).await.unwrap().allowed());
+        // The second master joins and takes the slot of another budget.
+        assert_eq!(
+            first.cli(&["cluster", "meet", "127.0.0.1", &second.port.to_string()]),
+            "OK"
+        );
+        let second_id = second.cli(&["cluster", "myid"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !first.cli(&["cluster", "nodes"]).contains(&second_id)
+            || second.cli(&["cluster", "nodes"]).lines().count() < 2
+        {
+            assert!(Instant::now() < deadline, "the nodes never met");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let key = store.keys(&check("moved"))[0].clone();
+        let slot = first.cli(&["cluster", "keyslot", &key]);
+        for node in [&second, &first] {
+            assert_eq!(
+                node.cli(&["cluster", "setslot", &slot, "node", &second_id]),
+                "OK"
+            );
+        }
+        for _ in 0..3 {
+            assert!(store.check(check("moved")).await.is_err());
+        }
+        // The other budgets are still decided.
+        assert!(store.check(check("here")).await.unwrap().allowed());
+    };
+    let ((), text) = capture(tracing::Level::ERROR, work);
+    let told: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("answers MOVED"))
+        .collect();
+    assert_eq!(told.len(), 1, "{text}");
+    assert!(told[0].contains("`cluster(..)`"), "{text}");
+}

@@ -1133,6 +1133,9 @@ where
             let mut results = results.into_iter();
             Answer::each(answers, |reply| {
                 let result = results.next().unwrap_or_else(|| Err(short_reply()));
+                if matches!(&result, Err(e) if !lazy.heals && is_moved(e)) {
+                    lazy.tell_moved();
+                }
                 let _ = reply.send(result.map_err(store_error));
             });
         }
@@ -1566,6 +1569,8 @@ struct Lazy<C> {
     /// reconnect loop beside a kept Cluster client ends once it answers
     /// again.
     answered_at: AtomicU64,
+    /// Whether a `MOVED` on a connection to one server was logged.
+    told_moved: AtomicBool,
     clock: Arc<ServerClock>,
     /// Set for Sentinel (see [`Follow`]).
     follow: Option<Follow>,
@@ -1617,6 +1622,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             heals: shape.heals,
             used: AtomicBool::new(false),
             answered_at: AtomicU64::new(0),
+            told_moved: AtomicBool::new(false),
             scripts,
             combine: AtomicBool::new(true),
             load_timeout,
@@ -1964,7 +1970,23 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             Err(e) if broken(e) && !self.heals => self.drop_and_reconnect(),
             // (Not on a Cluster, whose client follows a failover itself.)
             Err(e) if self.drop_when_broken && read_only(e) => self.drop_and_reconnect(),
+            Err(e) if !self.heals && is_moved(e) => self.tell_moved(),
             Err(_) => {}
+        }
+    }
+
+    /// Says once, as an error, that the one server this store was built on
+    /// answers `MOVED`: it is (now) a master of a Redis Cluster of several
+    /// masters, which a store built with `url(..)` cannot follow (`build`
+    /// refuses a node of such a Cluster; one of a single master may gain
+    /// others later). (Out of line: rare.)
+    #[cold]
+    #[inline(never)]
+    fn tell_moved(&self) {
+        if !self.told_moved.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "the redis server answers MOVED: it is a node of a Redis Cluster of several masters now, and serves only its own slots; checks of budgets in the others' slots fail (the fail mode applies): build the store with `cluster(..)`"
+            );
         }
     }
 
@@ -2862,6 +2884,11 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
     ) -> Option<redis::RedisFuture<'a, Vec<u8>>> {
         self.conn.ask_again(cmd, node)
     }
+}
+
+/// Whether the answer is a Cluster's `MOVED` redirect.
+fn is_moved(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
 }
 
 /// Whether Redis did not know the script (`NOSCRIPT`).
