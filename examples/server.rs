@@ -103,7 +103,8 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
-    /// Keep budgets in this Redis server instead of in memory.
+    /// Keep budgets in this Redis server instead of in memory
+    /// (redis://HOST[:PORT][/DB], rediss:// for TLS, unix:///PATH).
     #[arg(long, value_name = "URL", conflicts_with = "redis_cluster")]
     redis: Option<String>,
     /// Keep budgets in this Redis Cluster (comma-separated seed nodes).

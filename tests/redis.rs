@@ -2543,6 +2543,30 @@ async fn a_store_over_tls_decides_and_verifies_the_server() {
         .build()
         .await;
     assert!(insecure.is_ok(), "{:?}", insecure.err());
+    // What holds no certificate, or a key and certificate swapped: named.
+    let empty = RedisStore::builder()
+        .url(&url)
+        .tls_root_certificate(Vec::new())
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(empty.kind(), StoreErrorKind::Config, "{empty}");
+    assert!(
+        empty.to_string().contains("tls_root_certificate"),
+        "{empty}"
+    );
+    let swapped = RedisStore::builder()
+        .url(&url)
+        .tls_root_certificate(files.read("ca.crt"))
+        .tls_client_certificate(files.read("client.key"), files.read("client.crt"))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(swapped.kind(), StoreErrorKind::Config, "{swapped}");
+    assert!(
+        swapped.to_string().contains("tls_client_certificate"),
+        "{swapped}"
+    );
     // Certificates for a server reached without TLS: a setup error.
     let plain = RedisStore::builder()
         .url(format!("redis://127.0.0.1:{}", _server.port))

@@ -1653,7 +1653,10 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 return Err(config_error(format!("{what}: {error}")));
             }
             Err(error) => {
-                tracing::warn!(%error, "{what} not reachable yet; retrying in the background");
+                tracing::warn!(
+                    %error,
+                    "{what} not reachable yet; retrying in the background (if this lasts: is the server up, and does its port speak TLS exactly when the url is rediss://?)"
+                );
                 lazy.reconnect();
             }
         }
@@ -2265,6 +2268,43 @@ fn is_tls_url(url: &str) -> bool {
     scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
 }
 
+/// `Ok` when what was given as PEM holds what it should: a certificate
+/// for the roots and the client, a private key for the client. (rustls
+/// would take an empty set of roots, and then blame the server's
+/// certificate.)
+#[cfg(feature = "tls")]
+fn pem_given(certificates: &redis::TlsCertificates) -> Result<(), StoreError> {
+    let holds = |pem: &[u8], label: &str| {
+        let label = format!("-----BEGIN {label}-----");
+        pem.windows(label.len()).any(|w| w == label.as_bytes())
+    };
+    let has_key = |pem: &[u8]| {
+        ["PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"]
+            .iter()
+            .any(|l| holds(pem, l))
+    };
+    if let Some(roots) = &certificates.root_cert {
+        if !holds(roots, "CERTIFICATE") {
+            return Err(config_error(
+                "tls_root_certificate: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            ));
+        }
+    }
+    if let Some(client) = &certificates.client_tls {
+        if !holds(&client.client_cert, "CERTIFICATE") {
+            return Err(config_error(
+                "tls_client_certificate: no PEM certificate (-----BEGIN CERTIFICATE-----) in its first argument",
+            ));
+        }
+        if !has_key(&client.client_key) {
+            return Err(config_error(
+                "tls_client_certificate: no PEM private key (-----BEGIN PRIVATE KEY-----) in its second argument",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The certificates of a store's `rediss://` connections (the `tls`
 /// feature; nothing without it), and the clients made with them.
 #[derive(Clone, Default)]
@@ -2293,14 +2333,15 @@ impl Tls {
     /// A client of one server at `url`, with the certificates if any.
     fn client(&self, url: &str) -> Result<redis::Client, StoreError> {
         self.usable(std::iter::once(url))?;
+        let client = redis::Client::open(url)
+            .map_err(|e| config_error(format!("invalid redis url `{}`: {e}", redacted(url))))?;
         #[cfg(feature = "tls")]
-        let client = match &self.certificates {
-            Some(certificates) => redis::Client::build_with_tls(url, certificates.clone()),
-            None => redis::Client::open(url),
-        };
-        #[cfg(not(feature = "tls"))]
-        let client = redis::Client::open(url);
-        client.map_err(|e| config_error(format!("invalid redis url `{}`: {e}", redacted(url))))
+        if let Some(certificates) = &self.certificates {
+            // (The url read, what is wrong now is in the certificates.)
+            return redis::Client::build_with_tls(url, certificates.clone())
+                .map_err(|e| config_error(format!("the TLS certificates: {e}")));
+        }
+        Ok(client)
     }
 
     /// A Cluster client's builder for `urls`, with the certificates if any.
@@ -2332,6 +2373,10 @@ impl Tls {
             return Err(config_error(
                 "TLS certificates were given for a server whose url is not rediss://",
             ));
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = &self.certificates {
+            pem_given(certificates)?;
         }
         Ok(())
     }
@@ -3140,10 +3185,17 @@ impl RedisStoreBuilder {
     /// With the `tls` feature: trusts `pem` (one or more PEM certificates)
     /// as the roots for `rediss://` connections made by a
     /// [`url`](Self::url) or [`cluster`](Self::cluster) store, instead of
-    /// the system's root certificates: for a Redis whose certificate a
-    /// private CA signed. (A Sentinel store uses the system's roots; a
-    /// caller's pool, its own configuration. `rediss://HOST/#insecure`
-    /// skips the server's verification, for tests.)
+    /// the system's root certificates (they replace them): for a Redis
+    /// whose certificate a private CA signed. A Sentinel store uses the
+    /// system's roots (`SSL_CERT_FILE` may name a file of your CA's), a
+    /// caller's pool its own configuration. `rediss://HOST/#insecure`
+    /// skips the server's verification, for tests. `build` refuses what
+    /// holds no PEM certificate, and a certificate the server or the store
+    /// refuses.
+    ///
+    /// Building a store with the `tls` feature makes ring rustls' process
+    /// default crypto provider, if none is installed yet: an application
+    /// that installs another does so before.
     ///
     /// ```no_run
     /// use tower_ratelimit::store::redis::RedisStore;
