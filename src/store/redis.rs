@@ -3645,7 +3645,14 @@ mod tests {
         #[cfg(feature = "tls")]
         {
             let mut tls = Tls::default();
-            tls.certificates().root_cert = Some(b"pem".to_vec());
+            tls.certificates().root_cert = Some(b"not a certificate".to_vec());
+            let error = tls.usable(["rediss://a"].into_iter()).unwrap_err();
+            assert!(
+                error.to_string().contains("tls_root_certificate"),
+                "{error}"
+            );
+            let pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+            tls.certificates().root_cert = Some(pem.to_vec());
             assert!(tls
                 .usable(["rediss://a", "valkeys://b"].into_iter())
                 .is_ok());
