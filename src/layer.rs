@@ -71,8 +71,8 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 /// - a changed algorithm starts afresh, and a change back finds the
 ///   earlier state as it was left (each algorithm keeps its own: two
 ///   tables in use at once, during a swap, never reset each other's);
-///   a block running (`block_time`) holds whatever the algorithm: it is
-///   the user's.
+///   a block running (`block_time`) holds whatever the algorithm, if
+///   the new rule has a block time too: it is the user's.
 ///
 /// On Redis, adding a route-wide limit to a route, or removing it, moves
 /// its users' budgets to other keys (a user's windows and the route's are

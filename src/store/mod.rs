@@ -72,7 +72,8 @@ pub struct GlobalCheck {
     /// The route's budget: `<route id>:*` (the Redis store uses the route id
     /// as the hash tag of every key of such a check).
     pub budget: Arc<str>,
-    /// Its windows, shortest first.
+    /// Its windows, shortest first, each length once (as
+    /// [`GlobalCheck::new`] puts them; a store refuses a check otherwise).
     pub windows: Arc<[Window]>,
 }
 
@@ -371,7 +372,8 @@ pub struct CheckRef<'a> {
 pub struct GlobalRef<'a> {
     /// The route's budget.
     pub budget: &'a str,
-    /// Its windows, shortest first.
+    /// Its windows, shortest first, each length once (as
+    /// [`GlobalCheck::new`] puts them; a store refuses a check otherwise).
     pub windows: &'a [Window],
 }
 
@@ -785,7 +787,8 @@ pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreEr
 /// a smaller question:
 ///
 /// - [`budget`](Check::budget), [`windows`](Check::windows) (shortest
-///   first) and [`cost`](Check::cost): allowed only if every window has
+///   first, each length once; refused otherwise, see
+///   [`CheckRef::supported`]) and [`cost`](Check::cost): allowed only if every window has
 ///   room for `cost` more; recorded in all of them, or in none.
 /// - [`algorithm`](Check::algorithm): how the windows count. A store that
 ///   keeps one algorithm refuses the others.
@@ -793,12 +796,15 @@ pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreEr
 ///   the route shares. Allowed only if both the user's windows and the
 ///   route's allow; recorded in both or neither. The decision's windows
 ///   are the user's, then the route's; [`Decision::join`] makes that
-///   decision from the two.
+///   decision from the two. The route's budget is its own even when
+///   spelled as a user's.
 /// - [`block`](Check::block): a request the user's own windows deny
 ///   blocks the user's budget for this long (at a cost of 0 or 1, for the
 ///   request's own wait if that is longer), and is answered with the longer
 ///   of the two; a blocked budget is denied without being looked at
-///   ([`Decision::new_blocked`]).
+///   ([`Decision::new_blocked`]). The block is the budget's whatever the
+///   algorithm: a check of another algorithm with a block time on that
+///   budget is blocked too.
 /// - [`now`](Check::now): the time to decide at (an injected clock), else
 ///   the store's own clock.
 /// - [`exact_windows`](Check::exact_windows): when `false`, a window that

@@ -82,7 +82,8 @@
 //! # Deadline and failures
 //!
 //! Every check has a deadline ([`RedisStoreBuilder::timeout`], default
-//! 50 ms) covering the script and its `NOSCRIPT` retry. A check that misses
+//! 50 ms) covering the script, its `NOSCRIPT` retry and, on a Cluster, its
+//! tries while its slot moves. A check that misses
 //! it, or fails, returns a [`StoreError`] and the layer applies its
 //! [`FailMode`](crate::FailMode). A broken connection is replaced in the
 //! background (retrying every 25 to 500 ms), so limiting resumes by itself
@@ -1988,7 +1989,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     fn tell_moved(&self) {
         if !self.told_moved.swap(true, Ordering::Relaxed) {
             tracing::error!(
-                "the redis server answers MOVED: it is a node of a Redis Cluster of several masters now, and serves only its own slots; checks of budgets in the others' slots fail (the fail mode applies): build the store with `cluster(..)`"
+                "the redis server answers MOVED: it is a node of a Redis Cluster of several masters now, and serves only its own slots; checks of budgets in the others' slots fail (the fail mode applies): build the store with `cluster(..)` (or `cluster_pool(..)`)"
             );
         }
     }
@@ -3174,7 +3175,10 @@ impl RedisStoreBuilder {
     /// With [`sentinel`](Self::sentinel): the master's credentials and
     /// database, as a URL whose address is not used (the sentinels give
     /// it), e.g. `redis://app:secret@master/2`. Without it, the master is
-    /// reached with no password, on database 0.
+    /// reached with no password, on database 0. Its scheme says whether the
+    /// master is reached over TLS (`rediss://`, with the `tls` feature;
+    /// `#insecure` at its end skips the verification); without it, the
+    /// first sentinel's URL does.
     pub fn sentinel_master_url(mut self, url: impl Into<String>) -> Self {
         if let Some(Target::Sentinel { master, .. }) = &mut self.target {
             *master = Some(url.into());
@@ -3188,7 +3192,9 @@ impl RedisStoreBuilder {
     /// the system's root certificates (they replace them): for a Redis
     /// whose certificate a private CA signed. A Sentinel store uses the
     /// system's roots (`SSL_CERT_FILE` may name a file of your CA's), a
-    /// caller's pool its own configuration. `rediss://HOST/#insecure`
+    /// caller's pool its own configuration: given to either, the
+    /// certificates make `build` fail, as with a URL that is not
+    /// `rediss://`. `rediss://HOST/#insecure`
     /// skips the server's verification, for tests. `build` refuses what
     /// holds no PEM certificate, and a certificate the server or the store
     /// refuses.
@@ -3217,7 +3223,9 @@ impl RedisStoreBuilder {
     /// With the `tls` feature: the client certificate and its private key
     /// (PEM) that a [`url`](Self::url) or [`cluster`](Self::cluster) store
     /// presents on `rediss://` connections, for a Redis that asks clients
-    /// for one (its `tls-auth-clients`, on by default).
+    /// for one (its `tls-auth-clients`, on by default). `build` refuses it
+    /// for a Sentinel store, a caller's pool or a URL that is not
+    /// `rediss://`, and a certificate or key that holds no PEM one.
     #[cfg(feature = "tls")]
     pub fn tls_client_certificate(
         mut self,
@@ -3277,8 +3285,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The deadline of one check (default 50 ms): the script, and its
-    /// reload and second try after a `NOSCRIPT`.
+    /// The deadline of one check (default 50 ms): the script, its reload
+    /// and second try after a `NOSCRIPT`, and on a Cluster its tries while
+    /// its slot moves (2 to 16 ms apart).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -3352,13 +3361,16 @@ impl RedisStoreBuilder {
     /// Builds the store and loads the script.
     ///
     /// Fails only on configuration errors ([`StoreErrorKind::Config`]): no
-    /// target, an invalid URL, a prefix with braces; and a target that
+    /// target, an invalid URL, a prefix with braces, a `rediss://` URL
+    /// without the `tls` feature, TLS certificates that hold no PEM
+    /// certificate or key or that are given to a Sentinel store, a
+    /// caller's pool or a URL that is not `rediss://`; and a target that
     /// answers but is set up otherwise than the store was, which no retry
     /// would mend: `cluster(..)` on a server without cluster support,
     /// `url(..)` or `pool(..)` on a node of a Cluster of several masters
     /// (which would answer `MOVED` for the others' budgets), a master name
     /// no sentinel knows, a password the server refuses, a user whose ACL
-    /// denies `SCRIPT LOAD`. (The store's user needs `EVALSHA` and
+    /// denies `SCRIPT LOAD`, a TLS certificate either side refuses. (The store's user needs `EVALSHA` and
     /// `SCRIPT LOAD`, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
     /// its ACL allows them; on a Cluster, also what redis-rs's cluster
     /// client asks, such as `CLUSTER SLOTS`. One denied `EVALSHA` builds,
