@@ -254,7 +254,18 @@ async fn two_replicas_on_one_redis_share_each_budget() {
     let file = config_file(MINUTE_TABLE);
     let url = redis.url();
     let flags = ["--config", file.path(), "--redis", url.as_str()];
-    let replicas = [demo(&flags).await, demo(&flags).await];
+    two_replicas_spend_one_budget(&flags).await;
+    let key = [("x-api-key", "carol")];
+    // The budget is in Redis: a third replica started now sees it spent.
+    let late = demo(&flags).await;
+    assert_eq!(get(late, "/a", &key).await.status, 429);
+    assert_eq!(get(late, "/a", &[("x-api-key", "dave")]).await.status, 200);
+}
+
+/// Two replicas started with `flags` (a Redis store and `MINUTE_TABLE`,
+/// 2 a minute on `/a`): one request each, then both deny the same key.
+async fn two_replicas_spend_one_budget(flags: &[&str]) {
+    let replicas = [demo(flags).await, demo(flags).await];
     let key = [("x-api-key", "carol")];
     assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
     assert_eq!(get(replicas[1], "/a", &key).await.status, 200);
@@ -263,10 +274,6 @@ async fn two_replicas_on_one_redis_share_each_budget() {
         assert_eq!(denied.status, 429, "{denied:?}");
         assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
     }
-    // The budget is in Redis: a third replica started now sees it spent.
-    let late = demo(&flags).await;
-    assert_eq!(get(late, "/a", &key).await.status, 429);
-    assert_eq!(get(late, "/a", &[("x-api-key", "dave")]).await.status, 200);
 }
 
 /// Two replicas on a Redis reached over TLS (`rediss://`), its certificate
@@ -296,14 +303,7 @@ async fn two_replicas_on_a_redis_over_tls_share_each_budget() {
         "--redis-key",
         &key,
     ];
-    let replicas = [demo(&flags).await, demo(&flags).await];
-    let key = [("x-api-key", "carol")];
-    assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
-    assert_eq!(get(replicas[1], "/a", &key).await.status, 200);
-    for replica in replicas {
-        let denied = get(replica, "/a", &key).await;
-        assert_eq!(denied.status, 429, "{denied:?}");
-    }
+    two_replicas_spend_one_budget(&flags).await;
     // Without the client certificate the server asks for: refused at start.
     let error = start_error(&["--redis", &url, "--redis-ca", &ca]).await;
     assert!(error.starts_with(&format!("--redis {url}: ")), "{error}");

@@ -2608,41 +2608,12 @@ async fn a_store_over_tls_decides_and_verifies_the_server() {
 async fn a_cluster_store_over_tls_decides() {
     use support::redis_server::TlsFiles;
     let files = TlsFiles::make();
-    let tls_port = support::redis_server::free_port();
-    let tls = tls_port.to_string();
-    let (cert, key, ca) = (
-        files.path("server.crt"),
-        files.path("server.key"),
-        files.path("ca.crt"),
+    let (server, tls_port) = RedisServer::start_tls_with(
+        &files,
+        false,
+        &["--cluster-enabled", "yes", "--tls-cluster", "yes"],
     );
-    let server = RedisServer::start_with(&[
-        "--cluster-enabled",
-        "yes",
-        "--tls-port",
-        &tls,
-        "--tls-cluster",
-        "yes",
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ]);
-    assert_eq!(
-        server.cli(&["cluster", "addslotsrange", "0", "16383"]),
-        "OK"
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !server
-        .cli(&["cluster", "info"])
-        .contains("cluster_state:ok")
-    {
-        assert!(Instant::now() < deadline, "cluster never became ok");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _server = RedisServer::cluster_of_one(server);
     let store = RedisStore::builder()
         .cluster([format!("rediss://127.0.0.1:{tls_port}")])
         .tls_root_certificate(files.read("ca.crt"))

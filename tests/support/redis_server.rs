@@ -164,7 +164,13 @@ impl RedisServer {
     /// (`CROSSSLOT`), as a proxy in front of a sharded deployment does.
     #[allow(dead_code)]
     pub fn start_cluster_of_one() -> Self {
-        let server = Self::start_with(&["--cluster-enabled", "yes"]);
+        Self::cluster_of_one(Self::start_with(&["--cluster-enabled", "yes"]))
+    }
+
+    /// `server`, a Cluster node, made to hold every slot alone (see
+    /// [`start_cluster_of_one`](Self::start_cluster_of_one)).
+    #[allow(dead_code)]
+    pub fn cluster_of_one(server: Self) -> Self {
         assert_eq!(
             server.cli(&["cluster", "addslotsrange", "0", "16383"]),
             "OK"
@@ -261,39 +267,12 @@ impl RedisSentinels {
         let master = RedisServer::start();
         let replica =
             RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tower-ratelimit-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("sentinel.conf");
-        std::fs::write(
-            dir.join("sentinel.conf.in"),
-            format!(
-                "sentinel monitor mymaster 127.0.0.1 {} 1\n\
-                 sentinel down-after-milliseconds mymaster 1000\n\
-                 sentinel failover-timeout mymaster 5000\n",
-                master.port
-            ),
-        )
-        .unwrap();
-        let mut sentinel = RedisServer {
-            port: 0,
-            child: None,
-            dir,
-            extra: Vec::new(),
-            first: vec![
-                config.to_string_lossy().into_owned(),
-                "--sentinel".to_owned(),
-            ],
-        };
-        let started = (0..5).any(|_| {
-            sentinel.port = free_port();
-            sentinel.spawn()
-        });
-        assert!(
-            started,
-            "redis-sentinel did not start; log:\n{}",
-            sentinel.log()
-        );
+        let sentinel = Self::spawn_sentinel(&format!(
+            "sentinel monitor mymaster 127.0.0.1 {} 1\n\
+             sentinel down-after-milliseconds mymaster 1000\n\
+             sentinel failover-timeout mymaster 5000\n",
+            master.port
+        ));
         let set = Self {
             master,
             replica,
@@ -310,6 +289,33 @@ impl RedisSentinels {
                     .contains("master_link_status:up")
         });
         set
+    }
+
+    /// A sentinel on a free port, with `config` as its configuration (each
+    /// try writes it afresh: a sentinel rewrites its file).
+    fn spawn_sentinel(config: &str) -> RedisServer {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tower-ratelimit-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sentinel.conf");
+        std::fs::write(dir.join("sentinel.conf.in"), config).unwrap();
+        let mut sentinel = RedisServer {
+            port: 0,
+            child: None,
+            dir,
+            extra: Vec::new(),
+            first: vec![file.to_string_lossy().into_owned(), "--sentinel".to_owned()],
+        };
+        let started = (0..5).any(|_| {
+            sentinel.port = free_port();
+            sentinel.spawn()
+        });
+        assert!(
+            started,
+            "redis-sentinel did not start; log:\n{}",
+            sentinel.log()
+        );
+        sentinel
     }
 
     fn until(&self, what: &str, done: impl Fn() -> bool) {
@@ -612,6 +618,15 @@ impl RedisServer {
     /// stays, for `cli`), with the certificates of `files`; it asks
     /// clients for a certificate when `client_certificates` is set.
     pub fn start_tls(files: &TlsFiles, client_certificates: bool) -> (Self, u16) {
+        Self::start_tls_with(files, client_certificates, &[])
+    }
+
+    /// [`start_tls`](Self::start_tls) with extra `redis-server` arguments.
+    pub fn start_tls_with(
+        files: &TlsFiles,
+        client_certificates: bool,
+        extra: &[&str],
+    ) -> (Self, u16) {
         let tls_port = free_port().to_string();
         let (cert, key, ca) = (
             files.path("server.crt"),
@@ -619,7 +634,7 @@ impl RedisServer {
             files.path("ca.crt"),
         );
         let auth = if client_certificates { "yes" } else { "no" };
-        let server = Self::start_with(&[
+        let mut args = vec![
             "--tls-port",
             &tls_port,
             "--tls-cert-file",
@@ -630,7 +645,9 @@ impl RedisServer {
             &ca,
             "--tls-auth-clients",
             auth,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let server = Self::start_with(&args);
         (server, tls_port.parse().unwrap())
     }
 }
@@ -642,47 +659,20 @@ impl RedisSentinels {
     /// sentinel's TLS port). Plain ports stay, for `cli`.
     pub fn start_tls(files: &TlsFiles) -> (RedisServer, RedisServer, u16) {
         let (master, master_tls) = RedisServer::start_tls(files, false);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tower-ratelimit-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("sentinel.conf");
         let tls_port = free_port();
-        std::fs::write(
-            dir.join("sentinel.conf.in"),
-            format!(
-                "tls-port {tls_port}\n\
-                 tls-cert-file {}\n\
-                 tls-key-file {}\n\
-                 tls-ca-cert-file {}\n\
-                 tls-auth-clients no\n\
-                 tls-replication yes\n\
-                 sentinel monitor mymaster 127.0.0.1 {master_tls} 1\n\
-                 sentinel down-after-milliseconds mymaster 1000\n",
-                files.path("server.crt"),
-                files.path("server.key"),
-                files.path("ca.crt"),
-            ),
-        )
-        .unwrap();
-        let mut sentinel = RedisServer {
-            port: 0,
-            child: None,
-            dir,
-            extra: Vec::new(),
-            first: vec![
-                config.to_string_lossy().into_owned(),
-                "--sentinel".to_owned(),
-            ],
-        };
-        let started = (0..5).any(|_| {
-            sentinel.port = free_port();
-            sentinel.spawn()
-        });
-        assert!(
-            started,
-            "redis-sentinel did not start; log:\n{}",
-            sentinel.log()
-        );
+        let sentinel = Self::spawn_sentinel(&format!(
+            "tls-port {tls_port}\n\
+             tls-cert-file {}\n\
+             tls-key-file {}\n\
+             tls-ca-cert-file {}\n\
+             tls-auth-clients no\n\
+             tls-replication yes\n\
+             sentinel monitor mymaster 127.0.0.1 {master_tls} 1\n\
+             sentinel down-after-milliseconds mymaster 1000\n",
+            files.path("server.crt"),
+            files.path("server.key"),
+            files.path("ca.crt"),
+        ));
         (master, sentinel, tls_port)
     }
 }
