@@ -2508,6 +2508,84 @@ async fn checks_of_a_moved_budget_are_decided_while_its_slot_migrates() {
     assert_eq!(last.windows()[0].remaining, 1_000_000 - 1 - 8 * 150 - 1);
 }
 
+/// Scaling a Cluster out: a master added after the store loaded its
+/// scripts, and given its first slot, owns no slot while that slot moves
+/// in, so a load sent to every master misses it. A new user's check on
+/// the moving slot is sent on to it (`ASK`, the key not on the old node)
+/// and answered `NOSCRIPT`: the store loads the script on that node and
+/// the check is decided, where before it failed until the slot had moved.
+#[tokio::test]
+async fn a_new_masters_first_slot_is_decided_while_it_moves_in() {
+    use support::redis_server::RedisCluster;
+    use tower_ratelimit::{Check, Store, Window};
+    let cluster = RedisCluster::start();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let added = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "2000",
+    ]);
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let added_port = added.port.to_string();
+    assert_eq!(
+        cli(ports[0], &["cluster", "meet", "127.0.0.1", &added_port]),
+        "OK"
+    );
+    let added_id = added.cli(&["cluster", "myid"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cluster
+        .nodes
+        .iter()
+        .all(|n| n.cli(&["cluster", "nodes"]).contains(&added_id))
+        || !added.cli(&["cluster", "info"]).contains("cluster_state:ok")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never joined"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let window = Window::new(Duration::from_secs(60), 1_000).unwrap();
+    let check = |user: &str| Check::new(format!("grow:{user}"), [window]);
+    let key = store.keys(&check("fresh"))[0].clone();
+    let slot = cli(ports[0], &["cluster", "keyslot", &key]);
+    let (source, _) = cluster.master_and_replica(slot.parse().unwrap());
+    let source_id = cli(ports[source], &["cluster", "myid"]);
+    assert_eq!(
+        added.cli(&["cluster", "setslot", &slot, "importing", &source_id]),
+        "OK"
+    );
+    assert_eq!(
+        cli(
+            ports[source],
+            &["cluster", "setslot", &slot, "migrating", &added_id]
+        ),
+        "OK"
+    );
+    for n in 1..=5 {
+        let decision = store.check(check("fresh")).await.unwrap();
+        assert!(decision.allowed());
+        assert_eq!(decision.windows()[0].remaining, 1_000 - n);
+    }
+    // The script was loaded on the new node, once, and the budget lives
+    // there, not on the old node.
+    assert_eq!(added.calls("script|load"), 1);
+    let calls = added.calls("evalsha");
+    assert!(store.check(check("fresh")).await.unwrap().allowed());
+    assert_eq!(added.calls("evalsha"), calls + 1);
+    let keys_in_slot = |port: u16| cli(port, &["cluster", "countkeysinslot", &slot]);
+    assert_eq!(keys_in_slot(added.port), "1");
+    assert_eq!(keys_in_slot(ports[source]), "0");
+}
+
 /// TLS (`rediss://`, the `tls` feature): a server whose certificate a
 /// private CA signed is reached with that CA as the root, checks are
 /// decided over it, and a server that asks for a client certificate gets

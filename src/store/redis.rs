@@ -92,7 +92,11 @@
 //! that lost Redis together do not come back in step; a server still
 //! loading its data is sent no scripts until it answers). The scripts
 //! are loaded with `SCRIPT LOAD` when a connection is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
-//! call load its script again and retry.
+//! call load its script again and retry. A Cluster master added since,
+//! while its first slot moves in, is one no slot leads to yet, which a
+//! load sent to every master misses: a check the old node sends on to it
+//! (`ASK`) and that it answers `NOSCRIPT` loads the script on every master
+//! `CLUSTER NODES` lists, then goes again.
 //!
 //! # Key layout
 //!
@@ -498,6 +502,17 @@ impl Scripts {
             return None;
         };
         self.all().find(|s| s.get_hash().as_bytes() == sha)
+    }
+
+    /// `SCRIPT LOAD` of the script an `EVALSHA` names (see
+    /// [`AskAgain::load_on_every_master`]). A rare path: the code is made
+    /// again.
+    fn load_cmd(&self, cmd: &redis::Cmd) -> Option<redis::Cmd> {
+        let wanted = self.named_by(cmd)?.get_hash();
+        let at = self.all().position(|s| s.get_hash() == wanted)?;
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(Self::codes().nth(at)?);
+        Some(load)
     }
 
     /// Every script the store may call.
@@ -1265,7 +1280,7 @@ fn key_and_numbers(cmd: &redis::Cmd) -> Option<(&[u8], &[u8])> {
 
 /// One command's reply, sent again once the scripts are loaded if Redis
 /// did not know its script.
-async fn run_one<C: ConnectionLike + Clone>(
+async fn run_one<C: AskAgain + Clone>(
     lazy: &Lazy<C>,
     conn: &mut C,
     cmd: &redis::Cmd,
@@ -2893,6 +2908,19 @@ trait AskAgain: ConnectionLike {
     ) -> Option<redis::RedisFuture<'a, Vec<u8>>> {
         None
     }
+
+    /// Runs `load` (a `SCRIPT LOAD`) on every master the Cluster's nodes
+    /// list, with slots or none, or `None` for a connection that is not a
+    /// Cluster's. A load sent to every master reaches those that serve a
+    /// slot alone, so it misses a master added since the store loaded its
+    /// scripts while its first slot moves in: its client follows the `ASK`
+    /// there, and the call is answered `NOSCRIPT` until the slot is its.
+    fn load_on_every_master<'a>(
+        &'a mut self,
+        _load: &'a redis::Cmd,
+    ) -> Option<redis::RedisFuture<'a, ()>> {
+        None
+    }
 }
 
 impl AskAgain for MultiplexedConnection {}
@@ -2920,6 +2948,48 @@ impl AskAgain for ClusterConnection {
             )?)
         }))
     }
+
+    fn load_on_every_master<'a>(
+        &'a mut self,
+        load: &'a redis::Cmd,
+    ) -> Option<redis::RedisFuture<'a, ()>> {
+        Some(Box::pin(async move {
+            let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(self).await?;
+            let loads = cluster_masters(&nodes).map(|(host, port)| {
+                let mut conn = self.clone();
+                let node = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_owned(),
+                    port,
+                };
+                async move {
+                    conn.route_command(
+                        load.clone(),
+                        redis::cluster_routing::RoutingInfo::SingleNode(node),
+                    )
+                    .await
+                }
+            });
+            futures_util::future::try_join_all(loads).await.map(drop)
+        }))
+    }
+}
+
+/// The masters of a `CLUSTER NODES` answer that can be reached (host,
+/// port): each line is `id ip:port@bus[,hostname] flags master ...`.
+fn cluster_masters(nodes: &str) -> impl Iterator<Item = (&str, u16)> {
+    nodes.lines().filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let address = fields.nth(1)?;
+        let flags = fields.next()?;
+        let usable = flags
+            .split(',')
+            .all(|f| !matches!(f, "fail" | "noaddr" | "handshake"));
+        if !usable || !flags.split(',').any(|f| f == "master") {
+            return None;
+        }
+        let (host, port) = address.split('@').next()?.rsplit_once(':')?;
+        Some((host, port.parse().ok()?))
+    })
 }
 
 impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
@@ -2929,6 +2999,13 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
         node: (String, u16),
     ) -> Option<redis::RedisFuture<'a, Vec<u8>>> {
         self.conn.ask_again(cmd, node)
+    }
+
+    fn load_on_every_master<'a>(
+        &'a mut self,
+        load: &'a redis::Cmd,
+    ) -> Option<redis::RedisFuture<'a, ()>> {
+        self.conn.load_on_every_master(load)
     }
 }
 
@@ -2942,8 +3019,32 @@ fn is_noscript(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// Loads the script `cmd` names through `conn` and sends `cmd` again.
-async fn reload_and_retry<C: ConnectionLike + Clone>(
+/// Loads the script `cmd` names through `conn` and sends `cmd` again;
+/// on a Cluster that still does not know it, loads it on every master
+/// its nodes list (see [`AskAgain::load_on_every_master`]) and sends
+/// `cmd` a third time.
+async fn reload_and_retry<C: AskAgain + Clone>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    scripts: &Scripts,
+) -> RedisResult<Vec<u8>> {
+    match reload_and_retry_once(conn, cmd, scripts).await {
+        Err(e) if is_noscript(&e) => {
+            let Some(load) = scripts.load_cmd(cmd) else {
+                return Err(e);
+            };
+            match conn.load_on_every_master(&load) {
+                Some(loading) => loading.await?,
+                None => return Err(e),
+            }
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+/// [`reload_and_retry`]'s load through `conn` and second try.
+async fn reload_and_retry_once<C: ConnectionLike + Clone>(
     conn: &mut C,
     cmd: &redis::Cmd,
     scripts: &Scripts,
@@ -3877,5 +3978,32 @@ mod tests {
         let (check, reply) = fixed_window_reply(true, 4);
         let error = decode_counters(&check, &reply[..reply.len() - 8]).unwrap_err();
         assert_eq!(error.kind(), StoreErrorKind::Backend);
+    }
+
+    /// The masters a `CLUSTER NODES` answer lists, with slots or none
+    /// (a master just added), and not those that failed or have no
+    /// address; replicas are left out.
+    #[test]
+    fn cluster_masters_are_read_from_cluster_nodes() {
+        let nodes = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002,node-b.example master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+d4 127.0.0.1:7004@17004 master - 0 1 0 connected
+e5 127.0.0.1:7005@17005 master,fail - 0 1 3 disconnected 10923-16383
+f6 :0@0 master,noaddr - 0 1 4 disconnected
+g7 ::1:7007@17007 master - 0 1 5 connected
+bad
+";
+        let masters: Vec<_> = cluster_masters(nodes).collect();
+        assert_eq!(
+            masters,
+            [
+                ("127.0.0.1", 7001),
+                ("127.0.0.1", 7002),
+                ("127.0.0.1", 7004),
+                ("::1", 7007)
+            ]
+        );
     }
 }
