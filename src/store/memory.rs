@@ -550,7 +550,7 @@ impl MemoryStore {
         let hash = self.hash_of(check.budget, check.algorithm);
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         let (algorithm, windows) = (check.algorithm, check.windows);
-        if let Some(entry) = shard.find_mut(hash, check.budget) {
+        if let Some(entry) = shard.find_mut(hash, check.budget, now) {
             let expires = entry.state.adjust(algorithm, windows, adjustment, now);
             entry.expires = entry.expires.max(expires);
             return;
@@ -685,13 +685,16 @@ impl MemoryStore {
     #[cold]
     #[inline(never)]
     fn spread_block(&self, check: &CheckRef<'_>, until: u64, now: u64) {
+        if until <= now {
+            return;
+        }
         for algorithm in Algorithm::ALL {
             if algorithm == check.algorithm {
                 continue;
             }
             let hash = self.hash_of(check.budget, algorithm);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-            match shard.find_mut(hash, check.budget) {
+            match shard.find_mut(hash, check.budget, now) {
                 Some(entry) => entry.blocked_until = entry.blocked_until.max(until),
                 None => {
                     let mut entry = Entry::new(hash, check.budget, algorithm);
@@ -712,8 +715,14 @@ impl ShardState {
         let mut entry = self
             .take_old(hash, check.budget)
             .unwrap_or_else(|| Entry::new(hash, check.budget, check.algorithm));
+        let before = entry.blocked_until;
         let decision = entry.decide(check, None, now);
-        let blocked = entry.blocked_until;
+        // (A block this check set, not one the entry held: see `decide`.)
+        let blocked = if decision.allowed() || entry.blocked_until == before {
+            0
+        } else {
+            entry.blocked_until
+        };
         // A denied first request without a block leaves nothing to keep.
         if entry.live(now) {
             self.insert(entry, now);
@@ -739,9 +748,9 @@ impl ShardState {
 
     /// The entry of `budget`, moved to the table first if it is still in
     /// the old one.
-    fn find_mut(&mut self, hash: u64, budget: &str) -> Option<&mut Entry> {
+    fn find_mut(&mut self, hash: u64, budget: &str, now: u64) -> Option<&mut Entry> {
         if let Some(entry) = self.take_old(hash, budget) {
-            return Some(self.table.insert_unique(hash, entry, |e| e.hash).into_mut());
+            self.insert(entry, now);
         }
         self.table.find_mut(hash, |e| e.is(hash, budget))
     }
@@ -878,7 +887,11 @@ impl ShardState {
         self.sweep_by = self.next_sweep;
         let needed = self.table.len().max(self.floor);
         if self.table.capacity() > 4 * needed {
-            self.start_move(2 * needed, true, now);
+            // (Room too for the new budgets of the checks the move takes,
+            // one step each at least: the small table does not fill up
+            // before the large one is empty.)
+            let during = self.table.num_buckets() / STEP_BUCKETS;
+            self.start_move(2 * needed + during, true, now);
         }
     }
 
@@ -890,7 +903,7 @@ impl ShardState {
         self.sweep_at = (2 * self.table.len()).max(self.floor);
         self.next_sweep = now.saturating_add(SWEEP_EVERY);
         self.sweep_by = self.next_sweep;
-        let needed = self.table.len().max(MIN_KEPT);
+        let needed = self.table.len().max(self.floor);
         if self.table.capacity() > 4 * needed {
             self.table.shrink_to(2 * needed, |e| e.hash);
         }

@@ -2969,27 +2969,50 @@ impl AskAgain for ClusterConnection {
                     .await
                 }
             });
-            futures_util::future::try_join_all(loads).await.map(drop)
+            // (A node the client holds no connection to is not reached
+            // (redis-rs' `ByAddress` makes none); the one that answered
+            // `NOSCRIPT` after an `ASK` is. Loaded if any load succeeded.)
+            let loaded = futures_util::future::join_all(loads).await;
+            match loaded.iter().any(Result::is_ok) {
+                true => Ok(()),
+                false => loaded.into_iter().find_map(Result::err).map_or(Ok(()), Err),
+            }
         }))
     }
 }
 
-/// The masters of a `CLUSTER NODES` answer that can be reached (host,
-/// port): each line is `id ip:port@bus[,hostname] flags master ...`.
+/// The masters of a `CLUSTER NODES` answer that may be reached, by
+/// (host, port): each line is `id ip:port@bus[,hostname] flags master
+/// ...`; a master named by a hostname too is listed under both names (a
+/// Cluster set to announce hostnames is known to the client by them).
 fn cluster_masters(nodes: &str) -> impl Iterator<Item = (&str, u16)> {
-    nodes.lines().filter_map(|line| {
-        let mut fields = line.split_whitespace();
-        let address = fields.nth(1)?;
-        let flags = fields.next()?;
-        let usable = flags
-            .split(',')
-            .all(|f| !matches!(f, "fail" | "noaddr" | "handshake"));
-        if !usable || !flags.split(',').any(|f| f == "master") {
-            return None;
-        }
-        let (host, port) = address.split('@').next()?.rsplit_once(':')?;
-        Some((host, port.parse().ok()?))
-    })
+    nodes
+        .lines()
+        .filter_map(master_names)
+        .flatten()
+        .filter(|(host, port)| !host.is_empty() && *port != 0)
+}
+
+/// The names of the master one `CLUSTER NODES` line lists, if it lists a
+/// master that may be reached (see [`cluster_masters`]).
+fn master_names(line: &str) -> Option<impl Iterator<Item = (&str, u16)>> {
+    let mut fields = line.split_whitespace();
+    let address = fields.nth(1)?;
+    let flags = fields.next()?;
+    let usable = flags
+        .split(',')
+        .all(|f| !matches!(f, "fail" | "fail?" | "noaddr" | "handshake"));
+    if !usable || !flags.split(',').any(|f| f == "master") {
+        return None;
+    }
+    let (ip_port, hostname) = match address.split_once(',') {
+        Some((ip_port, hostname)) => (ip_port, Some(hostname)),
+        None => (address, None),
+    };
+    let (ip, port) = ip_port.split('@').next()?.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let hostname = hostname.filter(|h| !h.is_empty()).map(|h| (h, port));
+    Some(std::iter::once((ip, port)).chain(hostname))
 }
 
 impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
@@ -3993,6 +4016,8 @@ d4 127.0.0.1:7004@17004 master - 0 1 0 connected
 e5 127.0.0.1:7005@17005 master,fail - 0 1 3 disconnected 10923-16383
 f6 :0@0 master,noaddr - 0 1 4 disconnected
 g7 ::1:7007@17007 master - 0 1 5 connected
+h8 127.0.0.1:7008@17008 master,fail? - 0 1 6 connected
+i9 :7009@17009 master - 0 1 7 connected
 bad
 ";
         let masters: Vec<_> = cluster_masters(nodes).collect();
@@ -4001,6 +4026,7 @@ bad
             [
                 ("127.0.0.1", 7001),
                 ("127.0.0.1", 7002),
+                ("node-b.example", 7002),
                 ("127.0.0.1", 7004),
                 ("::1", 7007)
             ]
