@@ -9,7 +9,7 @@
 //! governor's keyed GCRA on its DashMap, as tower_governor runs it
 //! (`governor`); and, the baseline of growing in one go, as this store
 //! did before its tables moved step by step: hashbrown maps of 128-byte
-//! entries, as many as this store's shards (`one-go`); and the machine's
+//! values (and a boxed key), as many as this store's shards (`one-go`); and the machine's
 //! own hiccups, the same loop timing no check (`none`: a virtual machine's
 //! slowest moment over a few seconds is often milliseconds). It prints,
 //! per scenario,

@@ -20,8 +20,8 @@
 //! - at a shard's first check a minute after its last sweep, so that
 //!   budgets whose windows passed do not hold memory for good in a store
 //!   too small to double (a burst of identities that ended); and
-//! - on demand, with [`MemoryStore::sweep`], which sweeps every shard at
-//!   once.
+//! - on demand, with [`MemoryStore::sweep`], which sweeps each shard in
+//!   one go, in turn.
 //!
 //! A full table is not grown in place: a table twice as large takes its
 //! place, and the entries move to it, the empty ones left behind (past the
@@ -31,11 +31,13 @@
 //! **No check pays for the table's size.** Sweeps and moves run a step at
 //! a time inside the shard's next checks, 64 buckets a step, and a budget
 //! is found in either table while its entries move; only tables of up to
-//! 512 buckets are swept or moved in one go (microseconds). Growing at
+//! 512 buckets are swept or moved in one go (microseconds), and a move
+//! still under way when the new table fills up (which the steps make
+//! rare) ends at once. Growing at
 //! once, as hashbrown grows a table, moves every entry inside the one
 //! check that fills it, with the shard locked: `cargo bench --bench
 //! growth` (a million new users, every check timed) puts the slowest check
-//! at 0.4–0.9 ms, against 18–26 ms for the same tables grown at once and
+//! at 0.4–0.8 ms, against 18.5–26 ms for the same tables grown at once and
 //! 27–32 ms for governor's map (which also grows at once); at four million
 //! users, 3–15 ms against 80–130 ms and 140–160 ms. What is left is making
 //! the new table and freeing the old one (with glibc, making it may first
@@ -75,7 +77,8 @@ const MIN_KEPT: usize = 64;
 const SWEEP_EVERY: u64 = 60_000_000;
 
 /// The buckets a step of a shard's upkeep (a move or a sweep) looks at:
-/// at most this many entries moved or dropped by one check.
+/// at most this many entries moved or dropped by one step. A check runs
+/// one step, and a second when it adds a budget (its insert's).
 const STEP_BUCKETS: usize = 64;
 
 /// A table of at most this many buckets is moved or swept in one go.
@@ -146,7 +149,8 @@ struct ShardState {
     /// The upkeep under way, a step of which runs in every check.
     upkeep: Upkeep,
     /// Sweep when an insert finds the table this long: twice what the
-    /// last sweep left, and at least `floor`.
+    /// last sweep (or move that dropped empty budgets) left, and at least
+    /// `floor`.
     sweep_at: usize,
     /// This shard's share of [`KEPT_BUDGETS`].
     floor: usize,
@@ -1034,8 +1038,8 @@ mod tests {
     }
 
     /// A full table does not grow in one go inside one check: its entries
-    /// move to a table twice as large, at most a step's buckets per
-    /// check, and every budget is found (and counts on) in either table
+    /// move to a table twice as large, a step's buckets at a time (two
+    /// steps in a check that adds a budget), and every budget is found (and counts on) in either table
     /// meanwhile, whatever path reaches it.
     #[test]
     fn a_growing_table_moves_a_step_at_a_time_and_loses_no_budget() {

@@ -96,7 +96,9 @@
 //! while its first slot moves in, is one no slot leads to yet, which a
 //! load sent to every master misses: a check the old node sends on to it
 //! (`ASK`) and that it answers `NOSCRIPT` loads the script on every master
-//! `CLUSTER NODES` lists, then goes again.
+//! `CLUSTER NODES` lists (by address, and by announced hostname; not those
+//! marked failing, and only through connections the client holds, as the
+//! one that followed the `ASK`), then goes again.
 //!
 //! # Key layout
 //!
