@@ -1288,7 +1288,8 @@ async fn run_one<C: AskAgain + Clone>(
     cmd: &redis::Cmd,
 ) -> RedisResult<Vec<u8>> {
     match conn.req_packed_command(cmd).await.and_then(bulk) {
-        Err(e) if is_noscript(&e) => reload_and_retry(conn, cmd, &lazy.scripts).await,
+        // (Boxed: a rare path, kept out of every batch's future.)
+        Err(e) if is_noscript(&e) => Box::pin(reload_and_retry(conn, cmd, &lazy.scripts)).await,
         result => result,
     }
 }
