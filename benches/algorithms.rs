@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::env;
 
 use futures_util::FutureExt;
 use redis_server::RedisServer;
@@ -36,13 +37,6 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::FixedWindow,
     Algorithm::TokenBucket,
 ];
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn check(budget: &str, windows: &Arc<[Window]>, algorithm: Algorithm) -> Check {
     let mut check = Check::new(budget, windows.clone());

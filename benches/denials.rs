@@ -17,6 +17,7 @@ use std::future::ready;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::env;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -26,13 +27,6 @@ use tower::{Service, ServiceExt};
 use tower_ratelimit::identity::Global;
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{RateLimitLayer, Rule, Rules};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 async fn run<S>(service: S, requests: usize) -> f64
 where

@@ -22,19 +22,15 @@
 //! ```
 #![allow(missing_docs)]
 
+mod support;
+
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::env;
 
 use tower_ratelimit::clock::{ManualClock, Timestamp};
 use tower_ratelimit::{Algorithm, Check, MemoryStore, Store, Window};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 type Governor = governor::RateLimiter<
     Vec<u8>,

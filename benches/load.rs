@@ -43,6 +43,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::env;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -93,13 +94,6 @@ const MANY_USERS: usize = 10_000;
 
 fn users() -> usize {
     USERS.load(Ordering::Relaxed)
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 // ---------------------------------------------------------------- servers

@@ -12,11 +12,14 @@
 //! ```
 #![allow(missing_docs)]
 
+mod support;
+
 use std::convert::Infallible;
 use std::future::ready;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use support::env;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -24,13 +27,6 @@ use futures_util::FutureExt;
 use http::{Request, Response};
 use tower::{Layer, Service, ServiceExt};
 use tower_ratelimit::{Algorithm, MemoryStore, RateLimitLayer, Rule, Rules};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 type Inner = tower::util::ServiceFn<
     fn(Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>>,

@@ -34,6 +34,7 @@ use support::redis_server;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::env;
 
 use redis_server::RedisServer;
 use tower_ratelimit::store::redis::{script_args, straight_lua, RedisStore};
@@ -41,13 +42,6 @@ use tower_ratelimit::{Algorithm, Check, Store, Window};
 
 const WORKERS: usize = 50;
 const USERS: usize = 1000;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn windows() -> Arc<[Window]> {
     [

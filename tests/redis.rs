@@ -2525,14 +2525,7 @@ async fn a_new_masters_first_slot_is_decided_while_it_moves_in() {
         .build()
         .await
         .unwrap();
-    let added = RedisServer::start_with(&[
-        "--cluster-enabled",
-        "yes",
-        "--cluster-config-file",
-        "nodes.conf",
-        "--cluster-node-timeout",
-        "2000",
-    ]);
+    let added = RedisCluster::start_node();
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
     let added_port = added.port.to_string();
     assert_eq!(

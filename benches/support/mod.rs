@@ -5,6 +5,15 @@
 #[path = "../../tests/support/redis_server.rs"]
 pub mod redis_server;
 
+/// The environment variable `name` read as a number (a harness's
+/// setting), or `default` if unset or not one.
+pub fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// One field (`calls`, `usec_per_call`, ...) of one command's line in
 /// `INFO commandstats` (`cmdstat_evalsha:calls=3,usec=...`).
 pub fn commandstat(info: &str, command: &str, field: &str) -> f64 {

@@ -955,6 +955,17 @@ mod tests {
     use crate::rules::Window;
     use std::time::Duration;
 
+    /// `n` users (`r:0`, `r:1`, ...) whose sliding-log budgets are in
+    /// `user`'s shard, whatever the number of shards.
+    fn users_in_shard_of(store: &MemoryStore, user: &str, n: usize) -> Vec<String> {
+        let shard = |user: &str| store.shard_of(store.hash_of(user, Algorithm::SlidingLog));
+        (0..)
+            .map(|i| format!("r:{i}"))
+            .filter(|u| shard(u) == shard(user))
+            .take(n)
+            .collect()
+    }
+
     #[test]
     fn an_entry_is_one_pair_of_cache_lines() {
         assert_eq!(std::mem::size_of::<Entry>(), 128);
@@ -994,12 +1005,7 @@ mod tests {
             )
         };
         // 100 budgets in x's shard (whatever the number of shards).
-        let shard = |user: &str| store.shard_of(store.hash_of(user, Algorithm::SlidingLog));
-        let users: Vec<String> = (0..)
-            .map(|i| format!("r:{i}"))
-            .filter(|u| shard(u) == shard("r:x"))
-            .take(100)
-            .collect();
+        let users = users_in_shard_of(&store, "r:x", 100);
         for user in &users {
             assert!(check(user).allowed());
         }
@@ -1039,8 +1045,8 @@ mod tests {
 
     /// A full table does not grow in one go inside one check: its entries
     /// move to a table twice as large, a step's buckets at a time (two
-    /// steps in a check that adds a budget), and every budget is found (and counts on) in either table
-    /// meanwhile, whatever path reaches it.
+    /// steps in a check that adds a budget), and every budget is found
+    /// (and counts on) in either table meanwhile, whatever path reaches it.
     #[test]
     fn a_growing_table_moves_a_step_at_a_time_and_loses_no_budget() {
         let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
@@ -1050,13 +1056,9 @@ mod tests {
             let check = Check::new(user.to_owned(), windows.clone()).at(clock.now());
             store.decide(&check.as_ref())
         };
-        let shard_of = |user: &str| store.shard_of(store.hash_of(user, Algorithm::SlidingLog));
-        let state = || lock(&store.inner.shards[shard_of("r:x")]);
-        let users: Vec<String> = (0..)
-            .map(|i| format!("r:{i}"))
-            .filter(|u| shard_of(u) == shard_of("r:x"))
-            .take(20_000)
-            .collect();
+        let shard = store.shard_of(store.hash_of("r:x", Algorithm::SlidingLog));
+        let state = || lock(&store.inner.shards[shard]);
+        let users = users_in_shard_of(&store, "r:x", 20_000);
         let mut moves = 0;
         let mut moving = false;
         let mut used: Vec<String> = Vec::new();

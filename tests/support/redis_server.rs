@@ -376,18 +376,7 @@ impl RedisCluster {
     }
 
     fn start_nodes(count: usize, replicas: usize) -> Self {
-        let nodes: Vec<RedisServer> = (0..count)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
-            })
-            .collect();
+        let nodes: Vec<RedisServer> = (0..count).map(|_| Self::start_node()).collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -426,6 +415,18 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         Self { nodes }
+    }
+
+    /// A Cluster node on its own, in no Cluster yet (its node timeout 2 s).
+    pub fn start_node() -> RedisServer {
+        RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ])
     }
 
     pub fn urls(&self) -> Vec<String> {
