@@ -48,6 +48,22 @@ impl<B> RateLimitBody<B> {
     }
 }
 
+/// An empty body (as `tower-http`'s `Cors` and `Timeout` layers make for
+/// the answers they write themselves), whatever the inner body type is.
+///
+/// ```
+/// use http_body::Body as _;
+/// use tower_ratelimit::RateLimitBody;
+///
+/// let body = RateLimitBody::<http_body_util::Empty<bytes::Bytes>>::default();
+/// assert!(body.is_end_stream());
+/// ```
+impl<B> Default for RateLimitBody<B> {
+    fn default() -> Self {
+        Self::full(Bytes::new())
+    }
+}
+
 impl<B> fmt::Debug for RateLimitBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {

@@ -120,6 +120,43 @@ async fn the_default_identity_reads_the_peer_a_tonic_server_records() {
     server.abort();
 }
 
+/// gRPC-Web's usual stack: tower-http's `CorsLayer` outside the layer on a
+/// tonic server (it needs an empty body of the layer's type for its own
+/// answers). A refused call still carries the CORS headers.
+#[tokio::test]
+async fn a_cors_layer_stacks_outside_the_layer_on_a_tonic_server() {
+    use tower_ratelimit::{MemoryStore, RateLimitLayer};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let health = serving_health().await;
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .accept_http1(true)
+            .layer(tower_http::cors::CorsLayer::permissive())
+            .layer(RateLimitLayer::new(health_rules(), MemoryStore::new()))
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let mut client = client(addr).await;
+    let check = || {
+        let mut request = health_check();
+        let origin = "https://example.com".parse().unwrap();
+        request.metadata_mut().insert("origin", origin);
+        request
+    };
+    for _ in 0..2 {
+        let reply = client.check(check()).await.unwrap();
+        let metadata = reply.metadata();
+        assert_eq!(metadata.get("access-control-allow-origin").unwrap(), "*");
+        assert_eq!(metadata.get("x-ratelimit-limit").unwrap(), "2");
+    }
+    let denied = client.check(check()).await.unwrap_err();
+    assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
+    let metadata = denied.metadata();
+    assert_eq!(metadata.get("access-control-allow-origin").unwrap(), "*");
+    server.abort();
+}
+
 #[tokio::test]
 async fn the_examples_client_sees_the_third_call_refused() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -247,6 +247,63 @@ async fn works_on_a_plain_tower_service() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// tower-http's `Cors` and `Timeout` layers, whose own answers need an
+/// empty body of the inner one's type, stack outside the layer: the 429
+/// gets the CORS headers, and a slow allowed request the timeout's 408.
+/// (Tokio's clock is paused: the timeout ends the slow request at once.)
+#[tokio::test(start_paused = true)]
+async fn tower_http_layers_stack_outside_the_layer() {
+    let inner = tower::service_fn(|req: Request<()>| async move {
+        if req.uri().path() == "/a/slow" {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        }
+        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+            Bytes::from_static(b"inner"),
+        )))
+    });
+    let rules = Rules::builder()
+        .route("^/a", [Rule::new().second(2)])
+        .build()
+        .unwrap();
+    let service = tower::ServiceBuilder::new()
+        .layer(tower_http::cors::CorsLayer::permissive())
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            std::time::Duration::from_millis(50),
+        ))
+        .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(Global))
+        .service(inner);
+    let request = |path: &str| {
+        Request::builder()
+            .uri(path)
+            .header("origin", "https://example.com")
+            .body(())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for path in ["/a", "/a/slow", "/a"] {
+        let response = service.clone().oneshot(request(path)).await.unwrap();
+        assert_eq!(
+            response.headers()["access-control-allow-origin"],
+            "*",
+            "{path}"
+        );
+        statuses.push(response.status());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        if statuses.last() == Some(&StatusCode::REQUEST_TIMEOUT) {
+            assert!(body.is_empty());
+        }
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::REQUEST_TIMEOUT,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+}
+
 /// With `same_body`, the service answers with the inner body type itself:
 /// the inner body untouched when allowed, the layer's own answer (same
 /// status, headers and bytes as the wrapped mode) made into that type when
