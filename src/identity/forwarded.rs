@@ -1,5 +1,6 @@
 //! The client IP behind reverse proxies you trust.
 
+use std::collections::VecDeque;
 use std::future::{ready, Ready};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,10 +25,20 @@ pub struct Network {
 
 impl Network {
     /// Parses `addr/prefix`, or a single address.
+    ///
+    /// An IPv4-mapped network is the IPv4 one (`::ffff:10.0.0.0/104` is
+    /// `10.0.0.0/8`), so its prefix must be 96 or more.
     pub fn parse(text: &str) -> Option<Self> {
-        let (addr, prefix) = match text.trim().split_once('/') {
+        let text = text.trim();
+        let (addr, prefix) = match text.split_once('/') {
             Some((a, p)) => (a.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
-            None => (text.trim().parse::<IpAddr>().ok()?, None),
+            None => (text.parse::<IpAddr>().ok()?, None),
+        };
+        let prefix = match (addr, prefix) {
+            (IpAddr::V6(v6), Some(prefix)) if v6.to_ipv4_mapped().is_some() => {
+                Some(prefix.checked_sub(96)?)
+            }
+            _ => prefix,
         };
         let addr = canonical(addr);
         let max = if addr.is_ipv4() { 32 } else { 128 };
@@ -35,7 +46,8 @@ impl Network {
         (prefix <= max).then_some(Self { addr, prefix })
     }
 
-    /// Whether `ip` is in the network (IPv4-mapped IPv6 counts as IPv4).
+    /// Whether `ip` is in the network. IPv4-mapped IPv6 counts as IPv4,
+    /// and IPv4 as IPv4-mapped IPv6 (`::/0` holds every address).
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
@@ -44,13 +56,17 @@ impl Network {
                     .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+            (IpAddr::V6(net), ip) => {
+                let ip = match ip {
+                    IpAddr::V6(v6) => v6,
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                };
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.prefix))
                     .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
-            _ => false,
+            (IpAddr::V4(_), IpAddr::V6(_)) => false,
         }
     }
 }
@@ -80,7 +96,9 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// A hop is an address (`1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]:80`; an
 /// IPv6 address's zone, `fe80::1%eth0`, is left out, as it names an
 /// interface of the proxy's, for trust as for the budget) or a token
-/// (`unknown`, `_hidden`).
+/// (`unknown`, `_hidden`). A port after either, a number or RFC 7239's
+/// obfuscated one (`_k3x9`), is left out too: it changes with every
+/// connection, and would give each its own budget.
 ///
 /// A `Forwarded` line is read whole and strictly (RFC 7239): one that is
 /// not well-formed, or an element with two `for=`, cannot say which part
@@ -188,7 +206,8 @@ impl ForwardedIp {
                 // lies left of it no trusted proxy vouched for).
                 None if hop.is_empty() => return nearest,
                 None if hop == MALFORMED => return Client::Token(String::new()),
-                None => return Client::Token(hop),
+                // (Without a port: it changes with every connection.)
+                None => return Client::Token(without_port(&hop).to_owned()),
             }
         }
         nearest
@@ -210,8 +229,9 @@ pub enum Client {
 /// byte by byte (an invalid byte becomes U+FFFD): a client's bad byte, left
 /// of what a proxy appended, spoils only the client's own hop.
 /// At most [`MAX_HOPS`], read from the right: the lines left of them are
-/// not decoded, nor their hops split, so a chain of any length costs no
-/// more than one of that many hops.
+/// not decoded, nor their hops split, and of a longer line only the last
+/// hops are kept (a `Forwarded` line is still read whole, to check it), so
+/// a chain of any length takes no more memory than one of that many hops.
 fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
     let name = match rfc7239 {
         true => http::header::FORWARDED,
@@ -222,8 +242,8 @@ fn hops(headers: &HeaderMap, rfc7239: bool) -> Vec<String> {
         let left = MAX_HOPS - hops.len();
         let line = String::from_utf8_lossy(value.as_bytes());
         if rfc7239 {
-            match elements(&line) {
-                Some(elements) => hops.extend(elements.into_iter().rev().take(left).map(for_value)),
+            match elements(&line, left) {
+                Some(elements) => hops.extend(elements.into_iter().rev().map(for_value)),
                 // (Not well-formed: which element is whose cannot be told.)
                 None => hops.push(MALFORMED.to_owned()),
             }
@@ -247,9 +267,17 @@ const MALFORMED: &str = "\0";
 /// one left open, a backslash outside quotes, text after a closing quote.
 /// Read whole and strictly: a quote a client leaves open, or one a proxy
 /// copies unescaped from a client's `Host`, would otherwise run a client's
-/// element into the proxy's, read either way.
-fn elements(line: &str) -> Option<Vec<&str>> {
-    let mut parts = Vec::new();
+/// element into the proxy's, read either way. Only the last `keep`
+/// elements are returned (and kept while reading: a line of many commas
+/// takes no more memory than one of `keep` elements).
+fn elements<'a>(line: &'a str, keep: usize) -> Option<VecDeque<&'a str>> {
+    let mut parts = VecDeque::with_capacity(keep.min(4));
+    let push = |parts: &mut VecDeque<&'a str>, part: &'a str| {
+        if parts.len() == keep {
+            parts.pop_front();
+        }
+        parts.push_back(part);
+    };
     let mut start = 0;
     let mut last = None;
     let mut chars = line.char_indices().peekable();
@@ -273,7 +301,7 @@ fn elements(line: &str) -> Option<Vec<&str>> {
             }
             '"' | '\\' => return None,
             ',' => {
-                parts.push(&line[start..i]);
+                push(&mut parts, &line[start..i]);
                 start = i + 1;
                 last = Some(',');
             }
@@ -281,7 +309,7 @@ fn elements(line: &str) -> Option<Vec<&str>> {
             c => last = Some(c),
         }
     }
-    parts.push(&line[start..]);
+    push(&mut parts, &line[start..]);
     Some(parts)
 }
 
@@ -345,9 +373,12 @@ fn unquote(value: &str) -> String {
 }
 
 /// An address from a hop: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
-/// `[2001:db8::1]`, `[2001:db8::1]:80`; an IPv6 address's zone
-/// (`fe80::1%eth0`) is left out, as it names the proxy's interface, not
-/// the client.
+/// `[2001:db8::1]`, `[2001:db8::1]:80`, and with RFC 7239's obfuscated
+/// port (`1.2.3.4:_k3x9`); an IPv6 address's zone (`fe80::1%eth0`) is left
+/// out, as it names the proxy's interface, not the client. (A proxy that
+/// writes an IPv6 address and a port without brackets is read as well as
+/// it can be: `2001:db8:1:2:3:4:5:6:443` is an address of eight groups and
+/// a port, `2001:db8::1:443` the address it spells.)
 fn parse_hop(hop: &str) -> Option<IpAddr> {
     if let Ok(ip) = hop.parse::<IpAddr>() {
         return Some(ip);
@@ -357,15 +388,39 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
         addr.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
     };
     if let Some(rest) = hop.strip_prefix('[') {
-        let inner = rest.split_once(']')?.0;
+        let (inner, after) = rest.split_once(']')?;
+        if !after.is_empty() && !after.strip_prefix(':').is_some_and(is_port) {
+            return None;
+        }
         return inner.parse().ok().or_else(|| unzoned(inner));
     }
-    if hop.contains('%') {
-        return unzoned(hop);
+    let host = without_port(hop);
+    host.parse().ok().or_else(|| unzoned(host))
+}
+
+/// `hop` without the port after its node (`1.2.3.4:80`, `unknown:4711`,
+/// `_hidden:_p1`), if it has one.
+fn without_port(hop: &str) -> &str {
+    match hop.rsplit_once(':') {
+        Some((node, port)) if !node.is_empty() && is_port(port) => node,
+        _ => hop,
     }
-    let (host, port) = hop.rsplit_once(':')?;
-    port.parse::<u16>().ok()?;
-    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// A port number, or RFC 7239's obfuscated port: `_` and letters, digits,
+/// `.`, `_` or `-`.
+fn is_port(port: &str) -> bool {
+    let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    match port.strip_prefix('_') {
+        _ if digits => port.parse::<u16>().is_ok(),
+        Some(rest) => {
+            !rest.is_empty()
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        }
+        None => false,
+    }
 }
 
 impl ForwardedIp {
@@ -585,11 +640,84 @@ mod tests {
         }
     }
 
+    /// A port, a number or an obfuscated one, is never part of the client:
+    /// it changes with every connection.
+    #[test]
+    fn a_hops_port_is_left_out() {
+        let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let r = ForwardedIp::new(["10.0.0.0/8"]).unwrap().rfc7239();
+        let proxy = ip("10.0.0.1");
+        let xff = |hop: &str| f.client(proxy, &headers(&[("x-forwarded-for", hop)]));
+        let fwd = |line: &str| r.client(proxy, &headers(&[("forwarded", line)]));
+        assert_eq!(
+            fwd(r#"for="198.51.100.7:_k3x9""#),
+            Client::Ip(ip("198.51.100.7"))
+        );
+        assert_eq!(
+            fwd(r#"for="[2001:db8::7]:_p-1.x""#),
+            Client::Ip(ip("2001:db8::7"))
+        );
+        assert_eq!(
+            fwd(r#"for="unknown:4711""#),
+            Client::Token("unknown".into())
+        );
+        assert_eq!(fwd(r#"for="_hidden:_p1""#), Client::Token("_hidden".into()));
+        assert_eq!(fwd("for=_hidden"), Client::Token("_hidden".into()));
+        // An IPv6 address and a port without brackets, as some proxies
+        // write them.
+        assert_eq!(
+            xff("2001:db8:1:2:3:4:5:6:443"),
+            Client::Ip(ip("2001:db8:1:2:3:4:5:6"))
+        );
+        assert_eq!(
+            xff("::ffff:198.51.100.7:443"),
+            Client::Ip(ip("::ffff:198.51.100.7"))
+        );
+        assert_eq!(xff("fe80::1%eth0:443"), Client::Ip(ip("fe80::1")));
+        // What is not a port stays: the hop is a token, whole.
+        for hop in [
+            "1.2.3.4:65536",
+            "1.2.3.4:_",
+            "1.2.3.4:_a b",
+            "[2001:db8::1]junk",
+        ] {
+            assert_eq!(xff(hop), Client::Token(hop.to_owned()), "{hop}");
+        }
+    }
+
+    #[test]
+    fn ipv4_mapped_networks_are_ipv4_networks() {
+        let mapped = Network::parse("::ffff:10.0.0.0/104").unwrap();
+        assert_eq!(mapped, Network::parse("10.0.0.0/8").unwrap());
+        assert!(mapped.contains(ip("10.1.2.3")) && !mapped.contains(ip("11.0.0.1")));
+        assert!(Network::parse("::ffff:0:0/96")
+            .unwrap()
+            .contains(ip("8.8.8.8")));
+        // A prefix that cuts into the mapping's 96 bits is a mistake.
+        assert!(Network::parse("::ffff:10.0.0.0/8").is_none());
+        // `::/0` holds every address, IPv4 ones included.
+        let all = Network::parse("::/0").unwrap();
+        for addr in ["8.8.8.8", "::ffff:8.8.8.8", "2001:db8::1"] {
+            assert!(all.contains(ip(addr)), "{addr}");
+        }
+        assert!(!Network::parse("2001:db8::/32")
+            .unwrap()
+            .contains(ip("8.8.8.8")));
+    }
+
     #[test]
     fn huge_chains_are_bounded() {
         let f = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
         let chain = vec!["10.0.0.2"; 100_000].join(", ");
         let h = headers(&[("x-forwarded-for", &chain)]);
         assert_eq!(f.client(ip("10.0.0.1"), &h), Client::Ip(ip("10.0.0.2")));
+        // A `Forwarded` line of many elements keeps only the last ones.
+        let line = format!("for=6.6.6.6{}, for=198.51.100.7", ",".repeat(100_000));
+        let elements = elements(&line, 3).unwrap();
+        assert_eq!(elements, ["", "", " for=198.51.100.7"]);
+        assert!(elements.capacity() < 8, "{}", elements.capacity());
+        let r = ForwardedIp::new(["10.0.0.0/8"]).unwrap().rfc7239();
+        let h = headers(&[("forwarded", &line)]);
+        assert_eq!(r.client(ip("10.0.0.1"), &h), Client::Ip(ip("198.51.100.7")));
     }
 }
