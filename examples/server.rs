@@ -34,7 +34,9 @@
 //! config's `[groups]` table gives that key (else `default`); without the
 //! header (or with an empty one), the user is the client IP, in group
 //! `default`. Keys are kept apart from IPs (a key `203.0.113.7` is not
-//! that client).
+//! that client). The demo takes any key as it comes; a real service keys
+//! users by a key it has verified (else a client escapes its limit with a
+//! new key per request).
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};

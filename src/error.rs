@@ -32,8 +32,11 @@ pub enum ConfigErrorKind {
     /// A rule repeats (or is shadowed by) an earlier rule of the same route
     /// for the same group and method, so it could never apply.
     UnreachableRule,
-    /// A method name is not a valid HTTP method token.
-    InvalidMethod,
+    /// A method name (given here) is not a valid HTTP method token.
+    InvalidMethod(String),
+    /// A route's pattern is empty (it would match every path: write `^/`
+    /// or `.*` to mean that).
+    EmptyPattern,
     /// A name (group, zone) is empty.
     EmptyName,
     /// A rule has more windows than [`MAX_WINDOWS`](crate::rules::MAX_WINDOWS).
@@ -160,7 +163,12 @@ impl fmt::Display for ConfigError {
             ConfigErrorKind::UnreachableRule => f.write_str(
                 "an earlier rule of this route already covers this group and method, so this rule could never apply",
             ),
-            ConfigErrorKind::InvalidMethod => f.write_str("not a valid HTTP method"),
+            ConfigErrorKind::InvalidMethod(method) => {
+                write!(f, "`{method}` is not a valid HTTP method")
+            }
+            ConfigErrorKind::EmptyPattern => f.write_str(
+                "an empty pattern matches every path; write `^/` (or `.*`) to mean that",
+            ),
             ConfigErrorKind::EmptyName => f.write_str("must not be empty"),
             ConfigErrorKind::TooManyWindows => write!(
                 f,

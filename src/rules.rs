@@ -885,8 +885,27 @@ impl Rules {
     }
 
     /// The routes whose pattern matches the request; `None` when none does,
-    /// or when the path or method is excluded.
+    /// or when the path or method is excluded. The patterns see the path
+    /// with its percent-encoding decoded (see [`decode_path`]), as the
+    /// router decodes the parameters it hands the handlers: `/users/%61dmin`
+    /// is limited as `/users/admin`.
+    #[inline]
     pub(crate) fn candidates(&self, method: &Method, path: &str) -> Option<Candidates> {
+        if path.as_bytes().contains(&b'%') {
+            return self.candidates_decoded(method, path);
+        }
+        self.candidates_of(method, path)
+    }
+
+    /// [`candidates`](Self::candidates) of a percent-encoded path. (Out of
+    /// line: most paths hold no `%`.)
+    #[cold]
+    #[inline(never)]
+    fn candidates_decoded(&self, method: &Method, path: &str) -> Option<Candidates> {
+        self.candidates_of(method, &decode_path(path))
+    }
+
+    fn candidates_of(&self, method: &Method, path: &str) -> Option<Candidates> {
         let inner = &*self.inner;
         if (!inner.exclude_methods.is_empty() || inner.exclude_paths.is_some())
             && inner.excluded(method, path)
@@ -966,6 +985,43 @@ fn many_prefixes(prefixes: &[Box<str>], path: &str) -> Option<Candidates> {
         .filter_map(|(i, _)| u32::try_from(i).ok())
         .collect();
     (!hits.is_empty()).then_some(Candidates::Many(hits))
+}
+
+/// `path` with its percent-encoding decoded, as routers decode the
+/// parameters they hand their handlers (axum's `Path`): `/users/%61dmin` is
+/// `/users/admin`, and `/caf%C3%A9` is `/café`. An encoded slash stays
+/// encoded, as `%2F` (it does not split a segment, and a router does not
+/// route by it as by a `/`); an escape that is not two hex digits stays as
+/// it is, and bytes that are not UTF-8 become U+FFFD.
+///
+/// ```
+/// use tower_ratelimit::rules::decode_path;
+///
+/// assert_eq!(decode_path("/users/%61dmin"), "/users/admin");
+/// assert_eq!(decode_path("/caf%c3%a9/a%2fb/100%"), "/café/a%2Fb/100%");
+/// ```
+pub fn decode_path(path: &str) -> String {
+    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16));
+    let mut out = Vec::with_capacity(path.len());
+    let mut bytes = path.as_bytes().iter();
+    while let Some(&b) = bytes.next() {
+        let rest = bytes.as_slice();
+        match (b, hex(rest.first()), hex(rest.get(1))) {
+            (b'%', Some(high), Some(low)) => {
+                bytes.nth(1);
+                match u8::try_from(high * 16 + low) {
+                    Ok(b'/') => out.extend_from_slice(b"%2F"),
+                    Ok(decoded) => out.push(decoded),
+                    Err(_) => {}
+                }
+            }
+            _ => out.push(b),
+        }
+    }
+    match String::from_utf8(out) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
 }
 
 /// The routes whose regular expression matches `path`, by the table's
@@ -1081,6 +1137,9 @@ impl RulesBuilder {
                 route: Some((ri, route.pattern.clone())),
                 ..Location::default()
             };
+            if route.pattern.is_empty() {
+                return Err(ConfigError::new(at_route, ConfigErrorKind::EmptyPattern));
+            }
             if let Err(e) = regex::Regex::new(&route.pattern) {
                 return Err(ConfigError::new(at_route, ConfigErrorKind::InvalidRegex(e)));
             }
@@ -1233,6 +1292,12 @@ impl RulesBuilder {
             ..Location::default()
         };
         for (i, pattern) in self.exclude_paths.iter().enumerate() {
+            if pattern.is_empty() {
+                return Err(ConfigError::new(
+                    exclude_at(format!("exclude.paths[{i}]")),
+                    ConfigErrorKind::EmptyPattern,
+                ));
+            }
             if let Err(e) = regex::Regex::new(pattern) {
                 return Err(ConfigError::new(
                     exclude_at(format!("exclude.paths[{i}]")),
@@ -1255,7 +1320,7 @@ impl RulesBuilder {
             exclude_methods.push(Method::from_bytes(m.as_bytes()).map_err(|_| {
                 ConfigError::new(
                     exclude_at(format!("exclude.methods[{i}]")),
-                    ConfigErrorKind::InvalidMethod,
+                    ConfigErrorKind::InvalidMethod(m.clone()),
                 )
             })?);
         }
@@ -1378,7 +1443,7 @@ fn compile_rule(
         None => None,
         Some(m) => Some(
             Method::from_bytes(m.as_bytes())
-                .map_err(|_| fail(Some("method"), ConfigErrorKind::InvalidMethod))?,
+                .map_err(|_| fail(Some("method"), ConfigErrorKind::InvalidMethod(m.clone())))?,
         ),
     };
     // An earlier rule for the same group whose method is the same, or any,
@@ -1688,9 +1753,34 @@ struct RawRule {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawWindow {
-    seconds: Option<u64>,
+    seconds: Option<RawSeconds>,
     millis: Option<u64>,
     limit: RawLimit,
+}
+
+/// A window's `seconds`: a whole number (a fraction is an error that
+/// points to `millis`).
+struct RawSeconds(u64);
+
+impl<'de> Deserialize<'de> for RawSeconds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawSeconds;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number of seconds (`millis` gives a window in milliseconds, `millis = 500` for half a second)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawSeconds, E> {
+                Ok(RawSeconds(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<RawSeconds, E> {
+                u64::try_from(n)
+                    .map(RawSeconds)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+        }
+        d.deserialize_u64(Visitor)
+    }
 }
 
 /// A limit as a configuration file writes it: any integer (a zero or
@@ -1743,7 +1833,7 @@ impl RawWindows {
             // Exactly one of `seconds` and `millis`; anything else is
             // reported against this window by the builder.
             let duration = match (w.seconds, w.millis) {
-                (Some(s), None) => Some(Duration::from_secs(s)),
+                (Some(RawSeconds(s)), None) => Some(Duration::from_secs(s)),
                 (None, Some(ms)) => Some(Duration::from_millis(ms)),
                 _ => None,
             };
@@ -1790,6 +1880,42 @@ mod tests {
             Some(Candidates::Mask(m)) => (0..64).filter(|i| m & (1 << i) != 0).collect(),
             Some(Candidates::Many(v)) => v.into_iter().map(|i| i as usize).collect(),
         }
+    }
+
+    /// Prefix tables and regex sets, routes and exclusions alike, see the
+    /// path decoded; an encoded slash stays one, in capitals.
+    #[test]
+    fn patterns_see_the_path_percent_decoded() {
+        let prefixes = Rules::builder()
+            .route("^/users/admin", [Rule::new().second(1)])
+            .route("^/café", [Rule::new().second(1)])
+            .route("^/files/a%2Fb", [Rule::new().second(1)])
+            .build()
+            .unwrap();
+        let regexes = Rules::builder()
+            .route("^/users/admin$", [Rule::new().second(1)])
+            .route("^/café$", [Rule::new().second(1)])
+            .route("^/files/a%2Fb$", [Rule::new().second(1)])
+            .exclude_path("^/users/admin/health$")
+            .build()
+            .unwrap();
+        for rules in [&prefixes, &regexes] {
+            assert_eq!(matched(rules, "/users/%61dmin"), [0]);
+            assert_eq!(matched(rules, "/users/%61%64%6D%69%6e"), [0]);
+            assert_eq!(matched(rules, "/caf%C3%A9"), [1]);
+            assert_eq!(matched(rules, "/files/a%2fb"), [2]);
+            assert_eq!(matched(rules, "/files/a/b"), Vec::<usize>::new());
+        }
+        assert_eq!(matched(&prefixes, "/users/admin/heal%74h"), [0]);
+        assert_eq!(
+            matched(&regexes, "/users/admin/heal%74h"),
+            Vec::<usize>::new()
+        );
+        // What is not an escape stays; bytes that are not UTF-8 too, as
+        // U+FFFD.
+        assert_eq!(decode_path("/a%zz/%4/%"), "/a%zz/%4/%");
+        assert_eq!(decode_path("/%ff%41"), "/\u{fffd}A");
+        assert_eq!(decode_path("/%2541"), "/%41");
     }
 
     /// The budget of the rule `rules` picks for `group` on `path` (GET).

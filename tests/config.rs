@@ -167,6 +167,30 @@ fn bad_window_durations_are_rejected() {
             "{err}"
         );
     }
+    // A fraction of a second, or a negative count, points to `millis`.
+    for window in [
+        "{ seconds = 0.5, limit = 1 }",
+        "{ seconds = -1, limit = 1 }",
+    ] {
+        let err = error(&config(window));
+        assert!(matches!(err.kind(), ConfigErrorKind::Parse(_)), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("a whole number of seconds") && text.contains("millis = 500"),
+            "{window}: {text}"
+        );
+    }
+}
+
+#[test]
+fn empty_patterns_are_rejected() {
+    let err = error("[[routes]]\npath = \"\"\nrules = [{ second = 1 }]\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::EmptyPattern), "{err}");
+    assert_eq!(err.route(), Some((0, "")));
+    assert!(err.to_string().contains("write `^/`"), "{err}");
+    let err = error("[exclude]\npaths = [\"^/health\", \"\"]\n");
+    assert!(matches!(err.kind(), ConfigErrorKind::EmptyPattern), "{err}");
+    assert_eq!(err.field(), Some("exclude.paths[1]"));
 }
 
 #[test]
@@ -206,8 +230,13 @@ fn bad_methods_and_empty_names_are_rejected() {
         .route("^/a", [Rule::new().method("GE T").second(1)])
         .build()
         .unwrap_err();
-    assert!(matches!(err.kind(), ConfigErrorKind::InvalidMethod));
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidMethod(m) if m == "GE T"));
     assert_eq!(err.field(), Some("method"));
+    assert!(
+        err.to_string()
+            .contains("`GE T` is not a valid HTTP method"),
+        "{err}"
+    );
     let err = Rules::builder()
         .route("^/a", [Rule::group("")])
         .build()

@@ -158,6 +158,46 @@ fn get(path: &str) -> Request<Body> {
     Request::builder().uri(path).body(Body::empty()).unwrap()
 }
 
+/// Patterns see the path decoded, as axum's `Path` hands it to the
+/// handler: a percent-encoded letter never escapes the limit of the path it
+/// spells.
+#[tokio::test]
+async fn a_percent_encoded_path_is_limited_as_the_path_it_spells() {
+    use axum::extract::Path;
+    let rules = Rules::builder()
+        .route("^/users/admin$", [Rule::new().second(2)])
+        .route("^/café$", [Rule::new().second(1)])
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route(
+            "/users/{name}",
+            axum::routing::get(|Path(name): Path<String>| async move { name }),
+        )
+        .route(
+            "/{place}",
+            axum::routing::get(|Path(place): Path<String>| async move { place }),
+        )
+        .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(Global));
+    let answer = |path: &'static str| {
+        let router = router.clone();
+        async move {
+            let response = router.oneshot(get(path)).await.unwrap();
+            let limited = response.headers().contains_key("x-ratelimit-limit");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (limited, body)
+        }
+    };
+    assert_eq!(answer("/users/admin").await, (true, "admin".into()));
+    assert_eq!(answer("/users/%61dmin").await, (true, "admin".into()));
+    let (limited, body) = answer("/users/%61%64min").await;
+    assert!(limited && std::str::from_utf8(&body).unwrap().contains("429"));
+    assert_eq!(answer("/users/bob").await, (false, "bob".into()));
+    assert_eq!(answer("/caf%C3%A9").await, (true, "café".into()));
+    let (limited, body) = answer("/caf%c3%a9").await;
+    assert!(limited && std::str::from_utf8(&body).unwrap().contains("429"));
+}
+
 #[tokio::test]
 async fn client_ip_reads_axum_connect_info() {
     let shared = MemoryStore::new();
@@ -204,6 +244,16 @@ async fn header_identity_and_global_identity() {
     );
     assert_eq!(status(&by_key, with_key("k2")).await.0, StatusCode::OK);
     assert_eq!(status(&by_key, get("/a")).await.0, StatusCode::UNAUTHORIZED);
+    // An empty value (or one of spaces) names no one, as no header does.
+    for empty in ["", " "] {
+        let (status, body) = status(&by_key, with_key(empty)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{empty:?}");
+        let body = std::str::from_utf8(&body).unwrap();
+        assert!(
+            body.contains("missing or empty `x-api-key` header"),
+            "{body}"
+        );
+    }
 
     let global = Router::new()
         .fallback(|| async { "ok" })

@@ -142,7 +142,19 @@ impl Identity {
 
     /// The user named by an IP address, in group `"default"`; IPv6
     /// addresses stand for their /64 (one host commonly owns a whole /64),
-    /// IPv4-mapped IPv6 addresses for the IPv4 address.
+    /// IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) and those of the
+    /// NAT64 well-known prefix (`64:ff9b::192.0.2.1`, an IPv4 client
+    /// translated to reach an IPv6-only server, RFC 6052) for the IPv4
+    /// address they hold.
+    ///
+    /// ```
+    /// use tower_ratelimit::identity::Identity;
+    ///
+    /// let ip = |text: &str| Identity::from_ip(text.parse().unwrap());
+    /// assert_eq!(ip("2001:db8:1:2::7"), ip("2001:db8:1:2:ffff::1"));
+    /// assert_eq!(ip("64:ff9b::192.0.2.1"), ip("192.0.2.1"));
+    /// assert_ne!(ip("64:ff9b::192.0.2.1"), ip("64:ff9b::192.0.2.2"));
+    /// ```
     pub fn from_ip(ip: std::net::IpAddr) -> Self {
         Self {
             user: User::Inline(ip_user(ip)),
@@ -425,12 +437,19 @@ fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
     // "255.255.255.255" (15): the buffer always has room.
     match ip {
         std::net::IpAddr::V4(v4) => push_v4(&mut out, v4),
-        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped().or_else(|| nat64(v6)) {
             Some(v4) => push_v4(&mut out, v4),
             None => push_v6_prefix(&mut out, v6),
         },
     }
     out
+}
+
+/// The IPv4 address in an address of the NAT64 well-known prefix,
+/// `64:ff9b::/96` (RFC 6052).
+fn nat64(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let bits = u128::from(v6);
+    (bits >> 32 == 0x0064_ff9b_0000_0000_0000_0000).then(|| std::net::Ipv4Addr::from(bits as u32))
 }
 
 /// An IPv6 address's /64 prefix (out of line: IPv4 peers are the common
@@ -513,7 +532,25 @@ impl Identify for ClientIp {
 }
 
 /// The value of one request header (for example `x-api-key`), in group
-/// `"default"`. A request without the header is answered `401`.
+/// `"default"`. A request without the header, or with an empty value (or
+/// one of spaces), is answered `401`; of a header sent more than once, the
+/// first value counts.
+///
+/// The value is taken as it is: **use it only for a header your service
+/// has already verified** (a gateway that authenticated the key, or a
+/// layer before this one that answers unknown keys itself). Otherwise a
+/// client escapes its limit by sending a new value with every request,
+/// each a user with a fresh budget. For keys you must look up first, give
+/// the layer your own identity function (see [`Identify`]), which can
+/// answer an unknown key with an [`IdentityError`] or fall back to the
+/// client IP.
+///
+/// ```
+/// use tower_ratelimit::identity::HeaderValue;
+///
+/// // Behind a gateway that lets only valid keys through.
+/// let identity = HeaderValue::new(http::HeaderName::from_static("x-api-key"));
+/// ```
 #[derive(Clone, Debug)]
 pub struct HeaderValue {
     name: HeaderName,
@@ -527,9 +564,11 @@ impl HeaderValue {
 
     fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
         match head.headers.get(&self.name) {
-            Some(value) => Ok(Identity::from_slice(value.as_bytes())),
-            None => Err(IdentityError::new(format!(
-                "missing `{}` header",
+            Some(value) if !value.as_bytes().trim_ascii().is_empty() => {
+                Ok(Identity::from_slice(value.as_bytes()))
+            }
+            _ => Err(IdentityError::new(format!(
+                "missing or empty `{}` header",
                 self.name
             ))),
         }
@@ -628,6 +667,11 @@ mod tests {
         assert_eq!(&ip_user(a)[..], b"2001:db8:1:2::/64");
         let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
         assert_eq!(&ip_user(mapped)[..], b"10.1.2.3");
+        let nat64: IpAddr = "64:ff9b::10.1.2.3".parse().unwrap();
+        assert_eq!(&ip_user(nat64)[..], b"10.1.2.3");
+        // Only the well-known /96: a longer prefix of it is IPv6.
+        let beside: IpAddr = "64:ff9b:0:1::10.1.2.3".parse().unwrap();
+        assert_eq!(&ip_user(beside)[..], b"64:ff9b:0:1::/64");
         let widest: IpAddr = "ffff:ffff:ffff:ffff:ffff::1".parse().unwrap();
         assert_eq!(&ip_user(widest)[..], b"ffff:ffff:ffff:ffff::/64");
         // The same user whichever way it was made.
