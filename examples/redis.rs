@@ -37,6 +37,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let layer = RateLimitLayer::new(rules, store)
         .fail_mode(FailMode::Open)
+        // (Any key as it comes: a real service keys users by keys it has
+        // verified, see `identity::HeaderValue`.)
         .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key")))
         .same_body();
 

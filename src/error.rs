@@ -32,10 +32,11 @@ pub enum ConfigErrorKind {
     /// A rule repeats (or is shadowed by) an earlier rule of the same route
     /// for the same group and method, so it could never apply.
     UnreachableRule,
-    /// A method name (given here) is not a valid HTTP method token.
+    /// A method name (given here, in capitals, as rules keep it) is not a
+    /// valid HTTP method token.
     InvalidMethod(String),
-    /// A route's pattern is empty (it would match every path: write `^/`
-    /// or `.*` to mean that).
+    /// A route's or an exclusion's pattern is empty (it would match every
+    /// path: write `^/` or `.*` to mean that).
     EmptyPattern,
     /// A name (group, zone) is empty.
     EmptyName,
@@ -216,7 +217,7 @@ impl fmt::Display for ConfigError {
             }),
             ConfigErrorKind::InvalidNetwork(text) => write!(
                 f,
-                "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8)"
+                "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8; an IPv4-mapped one, `::ffff:a.b.c.d/N`, needs N of 96 or more)"
             ),
             ConfigErrorKind::LimitText(why) => f.write_str(why),
             ConfigErrorKind::Parse(msg) => f.write_str(msg),

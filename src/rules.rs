@@ -10,6 +10,9 @@
 //! table of plain `^/prefix` patterns is matched by comparing prefixes;
 //! any other is matched in one pass of a regex set that finds every route
 //! whose pattern matches anywhere in the path, as each pattern alone would.
+//! A path with a percent-encoded byte is matched as it was sent and as
+//! [`decode_path`] decodes it, so `/users/%61dmin` cannot escape a limit on
+//! `/users/admin` (an exclusion then applies only when both match).
 //!
 //! ```
 //! use std::time::Duration;
@@ -572,7 +575,8 @@ pub struct Route {
 }
 
 impl Route {
-    /// A route over paths matching `pattern` (a regular expression).
+    /// A route over paths matching `pattern` (a regular expression; a
+    /// percent-encoded path is matched decoded too, see [`decode_path`]).
     pub fn new(pattern: impl Into<String>) -> Self {
         Self {
             pattern: pattern.into(),
@@ -853,6 +857,29 @@ pub(crate) enum Candidates {
     Many(Vec<u32>),
 }
 
+impl Candidates {
+    /// The routes either matched, in table order.
+    fn union(self, other: Self) -> Self {
+        match (self, other) {
+            (Candidates::Mask(a), Candidates::Mask(b)) => Candidates::Mask(a | b),
+            (a, b) => {
+                let mut all = a.into_list();
+                all.extend(b.into_list());
+                all.sort_unstable();
+                all.dedup();
+                Candidates::Many(all)
+            }
+        }
+    }
+
+    fn into_list(self) -> Vec<u32> {
+        match self {
+            Candidates::Mask(mask) => (0..64u32).filter(|i| mask & (1 << i) != 0).collect(),
+            Candidates::Many(list) => list,
+        }
+    }
+}
+
 impl Rules {
     /// Starts an empty table.
     pub fn builder() -> RulesBuilder {
@@ -885,33 +912,50 @@ impl Rules {
     }
 
     /// The routes whose pattern matches the request; `None` when none does,
-    /// or when the path or method is excluded. The patterns see the path
-    /// with its percent-encoding decoded (see [`decode_path`]), as the
-    /// router decodes the parameters it hands the handlers: `/users/%61dmin`
-    /// is limited as `/users/admin`.
+    /// or when the path or method is excluded. A path with a `%` is also
+    /// matched decoded (see [`decode_path`]).
     #[inline]
     pub(crate) fn candidates(&self, method: &Method, path: &str) -> Option<Candidates> {
         if path.as_bytes().contains(&b'%') {
-            return self.candidates_decoded(method, path);
+            return self.candidates_encoded(method, path);
         }
-        self.candidates_of(method, path)
-    }
-
-    /// [`candidates`](Self::candidates) of a percent-encoded path. (Out of
-    /// line: most paths hold no `%`.)
-    #[cold]
-    #[inline(never)]
-    fn candidates_decoded(&self, method: &Method, path: &str) -> Option<Candidates> {
-        self.candidates_of(method, &decode_path(path))
-    }
-
-    fn candidates_of(&self, method: &Method, path: &str) -> Option<Candidates> {
         let inner = &*self.inner;
         if (!inner.exclude_methods.is_empty() || inner.exclude_paths.is_some())
             && inner.excluded(method, path)
         {
             return None;
         }
+        self.matching(path)
+    }
+
+    /// [`candidates`](Self::candidates) of a path with a `%`: the routes
+    /// its text as sent or decoded matches (a router routes by the text as
+    /// sent, and hands its handlers the parameters decoded: `/users/%61dmin`
+    /// reaches `/users/{name}` as `admin`, so either may be what a pattern
+    /// names), and excluded only when both are (`/%68ealth` is not routed
+    /// as `/health`). (Out of line: most paths hold no `%`.)
+    #[cold]
+    #[inline(never)]
+    fn candidates_encoded(&self, method: &Method, path: &str) -> Option<Candidates> {
+        let inner = &*self.inner;
+        let decoded = decode_path(path);
+        if inner.exclude_methods.iter().any(|m| applies(m, method)) {
+            return None;
+        }
+        if let Some(set) = &inner.exclude_paths {
+            if set.is_match(path) && set.is_match(&decoded) {
+                return None;
+            }
+        }
+        match (self.matching(path), self.matching(&decoded)) {
+            (Some(sent), Some(decoded)) => Some(sent.union(decoded)),
+            (sent, decoded) => sent.or(decoded),
+        }
+    }
+
+    /// The routes whose pattern matches `path`.
+    fn matching(&self, path: &str) -> Option<Candidates> {
+        let inner = &*self.inner;
         let n = inner.routes.len();
         if n == 0 {
             return None;
@@ -990,9 +1034,16 @@ fn many_prefixes(prefixes: &[Box<str>], path: &str) -> Option<Candidates> {
 /// `path` with its percent-encoding decoded, as routers decode the
 /// parameters they hand their handlers (axum's `Path`): `/users/%61dmin` is
 /// `/users/admin`, and `/caf%C3%A9` is `/café`. An encoded slash stays
-/// encoded, as `%2F` (it does not split a segment, and a router does not
-/// route by it as by a `/`); an escape that is not two hex digits stays as
-/// it is, and bytes that are not UTF-8 become U+FFFD.
+/// encoded, as `%2F` in capitals (it does not split a segment, and a
+/// router does not route by it as by a `/`); an escape that is not two hex
+/// digits stays as it is, and bytes that are not UTF-8 become U+FFFD.
+///
+/// A path with a `%` is matched both as it was sent and as this decodes
+/// it: a route applies when its pattern matches either (a router routes
+/// by the path as sent, and hands its handlers the parameters decoded, so
+/// a client cannot spell a limited path another way to escape it), and an
+/// exclusion only when it matches both (`/%68ealth` is not routed as
+/// `/health`, so it is not excluded as `/health` is).
 ///
 /// ```
 /// use tower_ratelimit::rules::decode_path;
@@ -1079,8 +1130,9 @@ pub struct RulesBuilder {
 }
 
 impl RulesBuilder {
-    /// Adds a route: a regular expression over the request path and its
-    /// rules. Routes are tried in the order they are added.
+    /// Adds a route: a regular expression over the request path (a
+    /// percent-encoded path is matched decoded too, see [`decode_path`])
+    /// and its rules. Routes are tried in the order they are added.
     pub fn route(self, pattern: impl Into<String>, rules: impl IntoIterator<Item = Rule>) -> Self {
         self.add_route(Route::new(pattern).rules(rules))
     }
@@ -1091,7 +1143,9 @@ impl RulesBuilder {
         self
     }
 
-    /// Never limits paths matching `pattern` (e.g. `^/health`).
+    /// Never limits paths matching `pattern` (e.g. `^/health`); a
+    /// percent-encoded path only when it matches both as sent and decoded
+    /// (see [`decode_path`]).
     pub fn exclude_path(mut self, pattern: impl Into<String>) -> Self {
         self.exclude_paths.push(pattern.into());
         self
@@ -1121,7 +1175,7 @@ impl RulesBuilder {
     /// Validates and compiles the table.
     ///
     /// Errors name the route, the rule and the field: an invalid regular
-    /// expression, a zero or negative limit, a window of zero length, two
+    /// expression or an empty one, a zero or negative limit, a window of zero length, two
     /// windows of the same length in one rule, an unknown method, a rule
     /// that an earlier rule of its route makes unreachable, zones that
     /// disagree on their algorithm or window lengths, a zone on a route
@@ -1774,9 +1828,11 @@ impl<'de> Deserialize<'de> for RawSeconds {
                 Ok(RawSeconds(n))
             }
             fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<RawSeconds, E> {
-                u64::try_from(n)
-                    .map(RawSeconds)
-                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+                u64::try_from(n).map(RawSeconds).map_err(|_| {
+                    E::custom(format_args!(
+                        "a window's `seconds` is a whole number of at least 1, got {n}"
+                    ))
+                })
             }
         }
         d.deserialize_u64(Visitor)
@@ -1906,11 +1962,37 @@ mod tests {
             assert_eq!(matched(rules, "/files/a%2fb"), [2]);
             assert_eq!(matched(rules, "/files/a/b"), Vec::<usize>::new());
         }
-        assert_eq!(matched(&prefixes, "/users/admin/heal%74h"), [0]);
-        assert_eq!(
-            matched(&regexes, "/users/admin/heal%74h"),
-            Vec::<usize>::new()
-        );
+        // A pattern written encoded still matches the path as sent.
+        assert_eq!(matched(&regexes, "/caf%C3%A9"), [1]);
+        // A newline spelled `%0A` escapes no pattern: the path as sent
+        // still matches.
+        let dotted = Rules::builder()
+            .route("^/users/.+/posts$", [Rule::new().second(1)])
+            .build()
+            .unwrap();
+        assert_eq!(matched(&dotted, "/users/x%0A/posts"), [0]);
+        // An exclusion applies when both spellings match it: `/%68ealth`
+        // is not routed as `/health`.
+        let excluding = Rules::builder()
+            .route("^/", [Rule::new().second(1)])
+            .exclude_path("^/health")
+            .build()
+            .unwrap();
+        assert_eq!(matched(&excluding, "/health"), Vec::<usize>::new());
+        assert_eq!(matched(&excluding, "/health/%41"), Vec::<usize>::new());
+        assert_eq!(matched(&excluding, "/%68ealth"), [0]);
+        // Past 64 routes too, both spellings' routes in table order.
+        let mut many = Rules::builder();
+        for i in 0..70 {
+            many = many.route(format!("^/none{i}$"), [Rule::new().second(1)]);
+        }
+        let many = many
+            .route("^/users/%61dmin$", [Rule::new().second(1)])
+            .route("^/users/admin$", [Rule::new().second(1)])
+            .build()
+            .unwrap();
+        assert_eq!(matched(&many, "/users/%61dmin"), [70, 71]);
+        assert_eq!(matched(&many, "/users/%61%64min"), [71]);
         // What is not an escape stays; bytes that are not UTF-8 too, as
         // U+FFFD.
         assert_eq!(decode_path("/a%zz/%4/%"), "/a%zz/%4/%");

@@ -167,16 +167,17 @@ fn bad_window_durations_are_rejected() {
             "{err}"
         );
     }
-    // A fraction of a second, or a negative count, points to `millis`.
-    for window in [
-        "{ seconds = 0.5, limit = 1 }",
-        "{ seconds = -1, limit = 1 }",
+    // A fraction of a second points to `millis`; a negative count says
+    // what `seconds` takes.
+    for (window, says) in [
+        ("{ seconds = 0.5, limit = 1 }", "millis = 500"),
+        ("{ seconds = -1, limit = 1 }", "at least 1, got -1"),
     ] {
         let err = error(&config(window));
         assert!(matches!(err.kind(), ConfigErrorKind::Parse(_)), "{err}");
         let text = err.to_string();
         assert!(
-            text.contains("a whole number of seconds") && text.contains("millis = 500"),
+            text.contains("a whole number of") && text.contains(says),
             "{window}: {text}"
         );
     }

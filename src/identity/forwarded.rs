@@ -47,7 +47,9 @@ impl Network {
     }
 
     /// Whether `ip` is in the network. IPv4-mapped IPv6 counts as IPv4,
-    /// and IPv4 as IPv4-mapped IPv6 (`::/0` holds every address).
+    /// and IPv4 as IPv4-mapped IPv6 (`::ffff:a.b.c.d`): an IPv6 network
+    /// that holds `::ffff:0:0/96` (`::/0`, or any `::/N` with N at most 80)
+    /// holds every IPv4 address.
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
@@ -98,7 +100,11 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// interface of the proxy's, for trust as for the budget) or a token
 /// (`unknown`, `_hidden`). A port after either, a number or RFC 7239's
 /// obfuscated one (`_k3x9`), is left out too: it changes with every
-/// connection, and would give each its own budget.
+/// connection, and would give each its own budget. Proxies must bracket an
+/// IPv6 address that has a port (`[2001:db8::1]:443`, as RFC 7239
+/// requires): unbracketed, `2001:db8::1:443` is read as the address it
+/// spells, another /64 than the client's (only an address of eight groups
+/// and a port, `2001:db8:1:2:3:4:5:6:443`, is told apart).
 ///
 /// A `Forwarded` line is read whole and strictly (RFC 7239): one that is
 /// not well-formed, or an element with two `for=`, cannot say which part

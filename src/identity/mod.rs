@@ -3,7 +3,10 @@
 //! An identity source implements [`Identify`]. Any closure
 //! `Fn(&http::request::Parts) -> impl Future<Output = Result<Identity, IdentityError>>`
 //! does, as long as its future does not borrow the request head (copy what
-//! it needs out of the head first, then `async move`):
+//! it needs out of the head first, then `async move`). The examples here
+//! key users by an `x-api-key` header as it comes; a real service keys them
+//! by a key it has verified (a client that sends a new key with every
+//! request is otherwise a new user with a fresh budget every time):
 //!
 //! ```
 //! use http::request::Parts;
@@ -26,7 +29,8 @@
 //! ```
 //!
 //! Built-ins: [`ClientIp`] (the peer address), [`ForwardedIp`] (the client
-//! behind trusted reverse proxies), [`HeaderValue`] (e.g. an API key header)
+//! behind trusted reverse proxies), [`HeaderValue`] (a verified header, such
+//! as an API key a gateway has checked)
 //! and [`Global`] (one budget for everyone). Identities are
 //! arbitrary bytes of any length: the layer encodes them into store keys so
 //! that no identity can reach another user's budget (see
@@ -143,9 +147,9 @@ impl Identity {
     /// The user named by an IP address, in group `"default"`; IPv6
     /// addresses stand for their /64 (one host commonly owns a whole /64),
     /// IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) and those of the
-    /// NAT64 well-known prefix (`64:ff9b::192.0.2.1`, an IPv4 client
-    /// translated to reach an IPv6-only server, RFC 6052) for the IPv4
-    /// address they hold.
+    /// RFC 6052 well-known prefix (`64:ff9b::192.0.2.1`: an IPv4 client
+    /// through a stateless translator, SIIT, reaching an IPv6-only server)
+    /// for the IPv4 address they hold.
     ///
     /// ```
     /// use tower_ratelimit::identity::Identity;
@@ -385,7 +389,9 @@ where
 /// misconfigured, and failing loudly beats putting everyone in one budget.
 ///
 /// IPv6 peers are grouped by their /64 prefix, since one host commonly owns
-/// a whole /64 and could otherwise rotate through 2^64 budgets.
+/// a whole /64 and could otherwise rotate through 2^64 budgets; an
+/// IPv4-mapped address, or one of the RFC 6052 well-known prefix, is the
+/// IPv4 client it holds (see [`Identity::from_ip`]).
 ///
 /// This never reads `X-Forwarded-For`: behind a proxy every request would
 /// come from the proxy.
@@ -445,8 +451,8 @@ fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
     out
 }
 
-/// The IPv4 address in an address of the NAT64 well-known prefix,
-/// `64:ff9b::/96` (RFC 6052).
+/// The IPv4 address in an address of RFC 6052's well-known prefix,
+/// `64:ff9b::/96`.
 fn nat64(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
     let bits = u128::from(v6);
     (bits >> 32 == 0x0064_ff9b_0000_0000_0000_0000).then(|| std::net::Ipv4Addr::from(bits as u32))
@@ -669,7 +675,7 @@ mod tests {
         assert_eq!(&ip_user(mapped)[..], b"10.1.2.3");
         let nat64: IpAddr = "64:ff9b::10.1.2.3".parse().unwrap();
         assert_eq!(&ip_user(nat64)[..], b"10.1.2.3");
-        // Only the well-known /96: a longer prefix of it is IPv6.
+        // Only the well-known /96: an address outside it is IPv6.
         let beside: IpAddr = "64:ff9b:0:1::10.1.2.3".parse().unwrap();
         assert_eq!(&ip_user(beside)[..], b"64:ff9b:0:1::/64");
         let widest: IpAddr = "ffff:ffff:ffff:ffff:ffff::1".parse().unwrap();
