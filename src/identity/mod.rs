@@ -274,6 +274,12 @@ impl std::error::Error for IdentityError {}
 /// Closures returning a future implement it (awaited: the layer holds the
 /// request meanwhile), and so does [`immediate`] around a closure that
 /// answers at once.
+///
+/// An identity that cannot tell the user answers an [`IdentityError`]
+/// (answered `401`, or the status it carries), never a panic: the layer
+/// does not catch one, which unwinds through the service as a panicking
+/// handler's does (hyper then drops that connection, or that HTTP/2
+/// stream).
 pub trait Identify: Send + Sync + 'static {
     /// The future of one identification.
     type Future: Future<Output = Result<Identity, IdentityError>> + Send + 'static;
