@@ -782,12 +782,13 @@ impl ShardState {
         // steps on every insert make rare, ends at once.)
         self.finish_move(now);
         let drop_empty = self.table.len() >= self.floor;
-        self.start_move((2 * self.table.len()).max(16), drop_empty, now);
+        let larger = HashTable::with_capacity((2 * self.table.len()).max(16));
+        self.start_move(larger, drop_empty, now);
     }
 
-    /// Puts a new table of `capacity` in place and starts moving the
-    /// entries to it (all at once for a small table).
-    fn start_move(&mut self, capacity: usize, drop_empty: bool, now: u64) {
+    /// Puts `table` (new, empty) in place and starts moving the entries to
+    /// it (all at once for a small table).
+    fn start_move(&mut self, table: HashTable<Entry>, drop_empty: bool, now: u64) {
         if !matches!(self.upkeep, Upkeep::Move { .. }) {
             self.next_sweep = match self.upkeep {
                 // (A move drops what a sweep under way would.)
@@ -796,7 +797,7 @@ impl ShardState {
                 _ => self.sweep_by,
             };
         }
-        self.old = std::mem::replace(&mut self.table, HashTable::with_capacity(capacity));
+        self.old = std::mem::replace(&mut self.table, table);
         self.upkeep = Upkeep::Move {
             next: 0,
             drop_empty,
@@ -896,7 +897,15 @@ impl ShardState {
             // one step each at least: the small table does not fill up
             // before the large one is empty.)
             let during = self.table.num_buckets() / STEP_BUCKETS;
-            self.start_move(2 * needed + during, true, now);
+            let smaller = HashTable::with_capacity(2 * needed + during);
+            // (Only to a table with fewer buckets: hashbrown rounds a
+            // capacity up to a power of two buckets, which may be this
+            // table's own; a move to it would end here again, and start the
+            // same move, for ever: `sweep` never returned, and every check
+            // of the shard took a step.)
+            if smaller.num_buckets() < self.table.num_buckets() {
+                self.start_move(smaller, true, now);
+            }
         }
     }
 
@@ -1047,6 +1056,50 @@ mod tests {
     /// move to a table twice as large, a step's buckets at a time (two
     /// steps in a check that adds a budget), and every budget is found
     /// (and counts on) in either table meanwhile, whatever path reaches it.
+    /// A table four times larger than it needs moves to one with fewer
+    /// buckets, or stays: never to one of its own size, which would end
+    /// with the same move again (found by an outside model test: a shard
+    /// of 8,192 buckets left with 1,729 to 1,791 budgets moved to a table
+    /// of 8,192 buckets for ever, and `sweep` never returned).
+    #[test]
+    fn a_table_shrinks_to_fewer_buckets_or_not_at_all() {
+        let store = MemoryStore::with_clock(ManualClock::new(Timestamp::from_micros(1)));
+        let budgets: Vec<(u64, String)> = (0..8_000)
+            .map(|i| {
+                let budget = format!("u{i}");
+                (store.hash_of(&budget, Algorithm::SlidingLog), budget)
+            })
+            .collect();
+        let mut shard = lock(&store.inner.shards[0]);
+        let floor = shard.floor;
+        for (capacity, lens) in [(7_000, 1_700..1_800), (14_000, 3_440..3_600)] {
+            for len in lens.step_by(4).filter(|&len| len >= floor) {
+                shard.table = HashTable::with_capacity(capacity);
+                let buckets = shard.table.num_buckets();
+                for (hash, budget) in &budgets[..len] {
+                    let mut entry = Entry::new(*hash, budget, Algorithm::SlidingLog);
+                    entry.expires = u64::MAX;
+                    shard.table.insert_unique(*hash, entry, |e| e.hash);
+                }
+                shard.finish(1);
+                if let Upkeep::Move { .. } = shard.upkeep {
+                    assert!(shard.table.num_buckets() < buckets, "{len} in {buckets}");
+                }
+                // The moves end (at most one: to a table no longer too
+                // large), every budget kept.
+                for _ in 0..3 {
+                    shard.step(1, usize::MAX);
+                }
+                assert_eq!(shard.upkeep, Upkeep::Idle, "{len} in {buckets}");
+                assert_eq!(shard.table.len(), len);
+                assert!(shard.old.is_empty());
+                // And an explicit sweep returns.
+                shard.sweep_all(1);
+                assert_eq!(shard.table.len(), len);
+            }
+        }
+    }
+
     #[test]
     fn a_growing_table_moves_a_step_at_a_time_and_loses_no_budget() {
         let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
