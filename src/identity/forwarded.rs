@@ -129,6 +129,8 @@ pub struct ForwardedIp {
     trusted: Arc<[Network]>,
     /// Reads `Forwarded` (RFC 7239) instead of `X-Forwarded-For`.
     rfc7239: bool,
+    /// The bits of an IPv6 client's network that name it (64 by default).
+    ipv6_prefix: u8,
     /// Whether the warning about the other header was logged.
     warned: Arc<AtomicBool>,
 }
@@ -154,6 +156,7 @@ impl ForwardedIp {
         Ok(Self {
             trusted: trusted.into(),
             rfc7239: false,
+            ipv6_prefix: 64,
             warned: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -165,6 +168,22 @@ impl ForwardedIp {
     #[must_use]
     pub fn rfc7239(mut self) -> Self {
         self.rfc7239 = true;
+        self
+    }
+
+    /// Counts an IPv6 client by its network of `bits` bits instead of its
+    /// /64 (see [`Identity::from_ip_with_prefix`]): 56 or 48 for
+    /// providers that delegate that much to each subscriber.
+    ///
+    /// ```
+    /// use tower_ratelimit::identity::ForwardedIp;
+    ///
+    /// let identity = ForwardedIp::new(["10.0.0.0/8"])?.ipv6_prefix(56);
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
         self
     }
 
@@ -433,7 +452,7 @@ impl ForwardedIp {
     fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
         let peer = ClientIp::peer(head).ok_or_else(no_peer)?;
         Ok(match self.client(peer.ip(), &head.headers) {
-            Client::Ip(ip) => Identity::from_ip(ip),
+            Client::Ip(ip) => Identity::from_ip_with_prefix(ip, self.ipv6_prefix),
             // Prefixed so a token can never equal an address's user.
             Client::Token(token) => Identity::new(format!("token:{token}")),
         })
@@ -709,6 +728,27 @@ mod tests {
         assert!(!Network::parse("2001:db8::/32")
             .unwrap()
             .contains(ip("8.8.8.8")));
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_network_of_the_prefix_given() {
+        let head = |peer: &str, hop: &str| {
+            let mut request = http::Request::builder()
+                .header("x-forwarded-for", hop)
+                .body(())
+                .unwrap();
+            let peer: std::net::SocketAddr = (ip(peer), 4000).into();
+            request.extensions_mut().insert(peer);
+            request.into_parts().0
+        };
+        let user = |f: &ForwardedIp, hop: &str| f.decide(&head("10.0.0.1", hop)).unwrap();
+        let by64 = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let by56 = ForwardedIp::new(["10.0.0.0/8"]).unwrap().ipv6_prefix(56);
+        let (a, b) = ("2001:db8:0:1::7", "2001:db8:0:ff::1");
+        assert_ne!(user(&by64, a), user(&by64, b));
+        assert_eq!(user(&by56, a), user(&by56, b));
+        assert_eq!(user(&by56, a).user(), b"2001:db8::/56");
+        assert_eq!(user(&by56, "192.0.2.1"), user(&by64, "192.0.2.1"));
     }
 
     #[test]

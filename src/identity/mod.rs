@@ -160,8 +160,27 @@ impl Identity {
     /// assert_ne!(ip("64:ff9b::192.0.2.1"), ip("64:ff9b::192.0.2.2"));
     /// ```
     pub fn from_ip(ip: std::net::IpAddr) -> Self {
+        Self::from_ip_with_prefix(ip, 64)
+    }
+
+    /// [`from_ip`](Self::from_ip), an IPv6 address standing for its network
+    /// of `ipv6_prefix` bits instead of its /64 (at most 128: a larger
+    /// number counts as 128, each address its own user). For clients whose
+    /// provider delegates a whole /56 or /48 to each subscriber, who would
+    /// otherwise hold 256 or 65,536 budgets.
+    ///
+    /// ```
+    /// use tower_ratelimit::identity::Identity;
+    ///
+    /// let ip = |text: &str| Identity::from_ip_with_prefix(text.parse().unwrap(), 56);
+    /// assert_eq!(ip("2001:db8:0:1::7"), ip("2001:db8:0:ff::1"));
+    /// assert_ne!(ip("2001:db8:0:1::7"), ip("2001:db8:0:100::1"));
+    /// // IPv4 clients are their address, whatever the prefix.
+    /// assert_eq!(ip("192.0.2.1"), Identity::from_ip("192.0.2.1".parse().unwrap()));
+    /// ```
+    pub fn from_ip_with_prefix(ip: std::net::IpAddr, ipv6_prefix: u8) -> Self {
         Self {
-            user: User::Inline(ip_user(ip)),
+            user: User::Inline(ip_user(ip, ipv6_prefix)),
             group: Cow::Borrowed(DEFAULT_GROUP),
         }
     }
@@ -397,7 +416,19 @@ where
 /// IPv6 peers are grouped by their /64 prefix, since one host commonly owns
 /// a whole /64 and could otherwise rotate through 2^64 budgets; an
 /// IPv4-mapped address, or one of the RFC 6052 well-known prefix, is the
-/// IPv4 client it holds (see [`Identity::from_ip`]).
+/// IPv4 client it holds (see [`Identity::from_ip`]). Another grouping is
+/// an identity of your own:
+///
+/// ```
+/// use tower_ratelimit::identity::{self, ClientIp, Identity, IdentityError};
+///
+/// // An IPv6 client is its /56.
+/// let identify = identity::immediate(|head| {
+///     ClientIp::peer(head)
+///         .map(|peer| Identity::from_ip_with_prefix(peer.ip(), 56))
+///         .ok_or_else(|| IdentityError::new("no peer address"))
+/// });
+/// ```
 ///
 /// This never reads `X-Forwarded-For`: behind a proxy every request would
 /// come from the proxy.
@@ -441,9 +472,9 @@ impl ClientIp {
     }
 }
 
-/// The bytes of an IP address as a budget user (IPv6 truncated to /64),
-/// written on the stack.
-fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
+/// The bytes of an IP address as a budget user (IPv6 truncated to its
+/// `ipv6_prefix` bits), written on the stack.
+fn ip_user(ip: std::net::IpAddr, ipv6_prefix: u8) -> ArrayVec<u8, 46> {
     let mut out = ArrayVec::<u8, 46>::new();
     // The longest text is "ffff:ffff:ffff:ffff::/64" (24 bytes) or
     // "255.255.255.255" (15): the buffer always has room.
@@ -451,7 +482,7 @@ fn ip_user(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
         std::net::IpAddr::V4(v4) => push_v4(&mut out, v4),
         std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped().or_else(|| nat64(v6)) {
             Some(v4) => push_v4(&mut out, v4),
-            None => push_v6_prefix(&mut out, v6),
+            None => push_v6_prefix(&mut out, v6, ipv6_prefix),
         },
     }
     out
@@ -467,10 +498,21 @@ fn nat64(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
 /// An IPv6 address's /64 prefix (out of line: IPv4 peers are the common
 /// case, and this path uses the formatting machinery).
 #[inline(never)]
-fn push_v6_prefix(out: &mut ArrayVec<u8, 46>, v6: std::net::Ipv6Addr) {
+fn push_v6_prefix(out: &mut ArrayVec<u8, 46>, v6: std::net::Ipv6Addr, prefix: u8) {
     use std::io::Write as _;
     let s = v6.segments();
-    let _ = write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]);
+    if prefix == 64 {
+        // (Written so since the first release: the /64's budgets keep
+        // their keys.)
+        let _ = write!(out, "{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]);
+        return;
+    }
+    // The longest text, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128", has
+    // 43 bytes.
+    let prefix = prefix.min(128);
+    let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+    let network = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+    let _ = write!(out, "{network}/{prefix}");
 }
 
 /// Each octet's decimal digits followed by a dot, from a table made at
@@ -609,6 +651,11 @@ impl Identify for Global {
 
 #[cfg(test)]
 mod tests {
+    /// A user as the default /64 grouping writes it.
+    fn ip64(ip: std::net::IpAddr) -> ArrayVec<u8, 46> {
+        super::ip_user(ip, 64)
+    }
+
     use super::*;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -652,9 +699,9 @@ mod tests {
             [9, 10, 99, 100],
         ] {
             let v4 = Ipv4Addr::from(octets);
-            assert_eq!(&ip_user(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
+            assert_eq!(&ip64(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
             let mapped = IpAddr::V6(v4.to_ipv6_mapped());
-            assert_eq!(&ip_user(mapped)[..], v4.to_string().as_bytes());
+            assert_eq!(&ip64(mapped)[..], v4.to_string().as_bytes());
         }
         // Every octet value, in every position.
         for value in 0..=255u8 {
@@ -662,11 +709,11 @@ mod tests {
                 let mut octets = [1, 22, 133, 4];
                 octets[position] = value;
                 let v4 = Ipv4Addr::from(octets);
-                assert_eq!(&ip_user(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
+                assert_eq!(&ip64(IpAddr::V4(v4))[..], v4.to_string().as_bytes());
             }
         }
         let v6: Ipv6Addr = "2001:db8:ab:c0:1:2:3:4".parse().unwrap();
-        assert_eq!(&ip_user(IpAddr::V6(v6))[..], b"2001:db8:ab:c0::/64");
+        assert_eq!(&ip64(IpAddr::V6(v6))[..], b"2001:db8:ab:c0::/64");
     }
 
     #[test]
@@ -674,18 +721,29 @@ mod tests {
         let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
         let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
         let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(ip_user(a), ip_user(b));
-        assert_ne!(ip_user(a), ip_user(c));
-        assert_eq!(&ip_user(a)[..], b"2001:db8:1:2::/64");
+        assert_eq!(ip64(a), ip64(b));
+        assert_ne!(ip64(a), ip64(c));
+        assert_eq!(&ip64(a)[..], b"2001:db8:1:2::/64");
         let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
-        assert_eq!(&ip_user(mapped)[..], b"10.1.2.3");
+        assert_eq!(&ip64(mapped)[..], b"10.1.2.3");
         let nat64: IpAddr = "64:ff9b::10.1.2.3".parse().unwrap();
-        assert_eq!(&ip_user(nat64)[..], b"10.1.2.3");
+        assert_eq!(&ip64(nat64)[..], b"10.1.2.3");
         // Only the well-known /96: an address outside it is IPv6.
         let beside: IpAddr = "64:ff9b:0:1::10.1.2.3".parse().unwrap();
-        assert_eq!(&ip_user(beside)[..], b"64:ff9b:0:1::/64");
+        assert_eq!(&ip64(beside)[..], b"64:ff9b:0:1::/64");
+        // Other prefixes: the network, masked, in the usual text.
+        let at = |prefix| ip_user(a, prefix);
+        assert_eq!(&at(56)[..], b"2001:db8:1::/56");
+        assert_eq!(&at(48)[..], b"2001:db8:1::/48");
+        assert_eq!(&at(128)[..], b"2001:db8:1:2:aaaa::1/128");
+        assert_eq!(&at(200)[..], b"2001:db8:1:2:aaaa::1/128");
+        assert_eq!(&at(0)[..], b"::/0");
+        assert_eq!(at(56), ip_user(c, 56));
+        assert_eq!(&ip_user(mapped, 56)[..], b"10.1.2.3");
+        let longest: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap();
+        assert_eq!(ip_user(longest, 128).len(), 43);
         let widest: IpAddr = "ffff:ffff:ffff:ffff:ffff::1".parse().unwrap();
-        assert_eq!(&ip_user(widest)[..], b"ffff:ffff:ffff:ffff::/64");
+        assert_eq!(&ip64(widest)[..], b"ffff:ffff:ffff:ffff::/64");
         // The same user whichever way it was made.
         assert_eq!(
             Identity::from_ip(mapped).user(),
