@@ -116,14 +116,18 @@ pub struct ReloadableRules(Arc<arc_swap::ArcSwap<Rules>>);
 impl ReloadableRules {
     /// A table that starts as `rules`.
     pub fn new(rules: Rules) -> Self {
-        Self(Arc::new(arc_swap::ArcSwap::from_pointee(rules)))
+        Self(Arc::new(arc_swap::ArcSwap::from_pointee(
+            rules.renumbered(),
+        )))
     }
 
     /// Swaps in `rules`: every request matched from now on uses them.
     /// (Build and check the new table first: [`Rules::from_toml`] or the
-    /// builder fail on a bad one, and the running table stays.)
+    /// builder fail on a bad one, and the running table stays.) A table
+    /// set again (one [`get`](Self::get) returned before) is a table of its
+    /// own: no denial cached under it before is served again.
     pub fn set(&self, rules: Rules) {
-        self.0.store(Arc::new(rules));
+        self.0.store(Arc::new(rules.renumbered()));
     }
 
     /// The current table.

@@ -616,7 +616,7 @@ impl Route {
 }
 
 /// The route-wide part of a policy.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct GlobalPolicy {
     /// `<route id>:*`
     pub(crate) budget: Arc<str>,
@@ -625,7 +625,7 @@ pub(crate) struct GlobalPolicy {
 
 /// The compiled limits of one rule: what one store check needs, and what
 /// its responses say.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Policy {
     /// Unique in the process: tells apart policies that share a budget key
     /// (a zone's rules, a route's groups), whose limits and block times may
@@ -751,7 +751,7 @@ fn ietf_policy(windows: &[Window], global: &[Window]) -> Option<HeaderValue> {
     HeaderValue::from_str(&items.join(", ")).ok()
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct CompiledRule {
     /// Inline when short (every group a request is matched against is
     /// compared without reading other memory).
@@ -761,7 +761,7 @@ pub(crate) struct CompiledRule {
     pub(crate) policy: Option<Arc<Policy>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct CompiledRoute {
     pattern: Arc<str>,
     rules: Box<[CompiledRule]>,
@@ -815,6 +815,7 @@ pub struct Rules {
     inner: Arc<RulesInner>,
 }
 
+#[derive(Clone)]
 struct RulesInner {
     /// Every route pattern, matched in one pass.
     set: regex_automata::meta::Regex,
@@ -880,7 +881,41 @@ impl Candidates {
     }
 }
 
+/// The next [`Policy::id`]: unique in the process.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl Rules {
+    /// This table with new policy ids (see [`Policy::id`]), for a reload
+    /// ([`ReloadableRules`](crate::ReloadableRules)): a denial cached under
+    /// a table that was swapped out never answers for it once it is swapped
+    /// back in, when its budgets may have changed meanwhile (a rule with
+    /// other windows counted them). Policies shared by several rules stay
+    /// shared.
+    pub(crate) fn renumbered(&self) -> Rules {
+        let mut inner = RulesInner::clone(&self.inner);
+        let mut renamed: Vec<(*const Policy, Arc<Policy>)> = Vec::new();
+        for route in inner.routes.iter_mut() {
+            for rule in route.rules.iter_mut() {
+                let Some(policy) = rule.policy.as_mut() else {
+                    continue;
+                };
+                let old = Arc::as_ptr(policy);
+                if let Some((_, new)) = renamed.iter().find(|(was, _)| *was == old) {
+                    *policy = new.clone();
+                    continue;
+                }
+                let mut new = Policy::clone(policy);
+                new.id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let new = Arc::new(new);
+                renamed.push((old, new.clone()));
+                *policy = new;
+            }
+        }
+        Rules {
+            inner: Arc::new(inner),
+        }
+    }
+
     /// Starts an empty table.
     pub fn builder() -> RulesBuilder {
         RulesBuilder::default()
@@ -1574,7 +1609,6 @@ fn compile_rule(
             .chain(route.global.unwrap_or(&[]))
             .map(|w| crate::decision::limit_value(w.limit()))
             .collect();
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Some(Arc::new(Policy {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             budget: budget.into_boxed_str(),

@@ -1335,3 +1335,43 @@ async fn only_requests_the_store_allowed_are_adjusted() {
     assert_eq!(app.get_as("/a", "u", "admin").await.status, StatusCode::OK);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// A table set again after another (a rollback, with a table `get` gave
+/// before) is a table of its own for the denial cache: its old denials are
+/// not served, and the store is asked, as the budget may have changed
+/// meanwhile (on Redis, a counter algorithm's state written under another
+/// table's windows keeps only those).
+#[tokio::test]
+async fn a_table_set_again_is_not_answered_from_its_old_denials() {
+    use tower::ServiceExt;
+    use tower_ratelimit::identity::Global;
+    use tower_ratelimit::ReloadableRules;
+
+    let table = |rule: Rule| Rules::builder().route("^/a", [rule]).build().unwrap();
+    let rules = ReloadableRules::new(table(Rule::new().minute(1)));
+    let first = rules.get();
+    let store = Flaky::default();
+    let clock = tower_ratelimit::clock::ManualClock::new(
+        tower_ratelimit::clock::Timestamp::from_micros(support::START),
+    );
+    let layer = tower_ratelimit::RateLimitLayer::new(rules.clone(), store.clone())
+        .clock(clock)
+        .identify(Global);
+    let router = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
+    let status = || async {
+        let request = Request::get("/a").body(Body::empty()).unwrap();
+        router.clone().oneshot(request).await.unwrap().status()
+    };
+    assert_eq!(status().await, StatusCode::OK);
+    assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.calls(), 2, "the second denial came from the cache");
+    rules.set(table(Rule::new().hour(100)));
+    assert_eq!(status().await, StatusCode::OK);
+    rules.set(first);
+    assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.calls(), 4, "the store was asked again");
+    // (Under the table set again, its own denials are cached as before.)
+    assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.calls(), 4);
+}
