@@ -31,6 +31,9 @@ struct Denied {
     at: u64,
     policy: u64,
     cost: u32,
+    /// A request that never passes (costlier than a limit): its entry
+    /// gives way to a cheaper one's.
+    never: bool,
     decision: Decision,
 }
 
@@ -105,6 +108,10 @@ impl DenialCache {
     /// change: a window with entries frees a slot at a time the decision
     /// does not tell, after which a replay would show it as it was. (A
     /// block holds every window at nothing left until it ends.)
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site, in the layer; each is a different fact about the denial"
+    )]
     pub(crate) fn insert(
         &self,
         budget: &str,
@@ -113,6 +120,7 @@ impl DenialCache {
         now: u64,
         decision: &Decision,
         every_window: bool,
+        hold: Option<Duration>,
     ) {
         let Some(retry) = decision.retry_after().filter(|w| !w.is_zero()) else {
             return;
@@ -141,17 +149,23 @@ impl DenialCache {
         } else {
             retry.min(reset)
         };
+        // (A block that holds less than the wait it reports: the entry
+        // ends with it, so that the next request is blocked again.)
+        let wait = hold.map_or(wait, |hold| wait.min(hold));
+        let never = decision.exceeds_limit(cost);
         let until = now.saturating_add(crate::clock::duration_micros(wait));
         let mut shard = self
             .shard(budget)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // (One entry a budget: a denial of another cost, such as one that
-        // never passes, does not push out one that still holds.)
+        // (One entry a budget: a denial of another cost does not push out
+        // one that still holds, but for one that never passes, which a
+        // client could send once a window to keep its other denials from
+        // being cached.)
         if shard
             .map
             .get(budget)
-            .is_some_and(|held| held.until > now && held.cost != cost)
+            .is_some_and(|held| held.until > now && held.cost != cost && (never || !held.never))
         {
             return;
         }
@@ -174,6 +188,7 @@ impl DenialCache {
             at: now,
             policy,
             cost,
+            never,
             decision: decision.clone(),
         };
         shard.first_expiry = if shard.map.is_empty() {
@@ -217,7 +232,7 @@ mod tests {
     fn serves_denials_until_they_expire() {
         let cache = DenialCache::new(100);
         assert!(cache.get("b", 7, 1, 0).is_none());
-        cache.insert("b", 7, 2, 1_000, &denied(10), false);
+        cache.insert("b", 7, 2, 1_000, &denied(10), false, None);
         // Other costs might pass, or wait longer: they go to the store.
         assert!(cache.get("b", 7, 1, 1_000).is_none());
         assert!(cache.get("b", 7, 3, 1_000).is_none());
@@ -245,14 +260,14 @@ mod tests {
             windows,
         );
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 2, 0, &decision, false);
+        cache.insert("b", 0, 2, 0, &decision, false, None);
         let hit = cache.get("b", 0, 2, 499_999).unwrap();
         assert_eq!(hit.reset_after(), Duration::from_micros(1));
         assert_eq!(hit.retry_after(), Some(Duration::from_micros(900_001)));
         // Past it, the replay would report a window that has moved on.
         assert!(cache.get("b", 0, 2, 500_000).is_none());
         // A decision whose reset is no sooner than its wait keeps the wait.
-        cache.insert("c", 0, 1, 0, &denied(10), false);
+        cache.insert("c", 0, 1, 0, &denied(10), false, None);
         assert!(cache.get("c", 0, 1, 9_999).is_some());
     }
 
@@ -273,10 +288,10 @@ mod tests {
         );
         let cache = DenialCache::new(100);
         // (Showing the minute alone, the replay holds until it frees a slot.)
-        cache.insert("x", 0, 1, 0, &both, false);
+        cache.insert("x", 0, 1, 0, &both, false, None);
         assert!(cache.get("x", 0, 1, 58_999_999).is_some());
         // Showing both, it is not kept.
-        cache.insert("b", 0, 1, 0, &both, true);
+        cache.insert("b", 0, 1, 0, &both, true, None);
         assert!(cache.get("b", 0, 1, 1).is_none());
         // Once the second's window is empty, the minute alone can change.
         let alone = Decision::new(
@@ -285,24 +300,24 @@ mod tests {
             Duration::from_secs(58),
             [WindowState::new(second, 1), WindowState::new(minute, 0)],
         );
-        cache.insert("b", 0, 1, 0, &alone, true);
+        cache.insert("b", 0, 1, 0, &alone, true, None);
         assert!(cache.get("b", 0, 1, 57_999_999).is_some());
         // A block holds every window at nothing left until it ends.
         let blocked = Decision::new_blocked(Duration::from_secs(300), [second, minute]);
-        cache.insert("c", 0, 1, 0, &blocked, true);
+        cache.insert("c", 0, 1, 0, &blocked, true, None);
         assert!(cache.get("c", 0, 1, 299_999_999).is_some());
     }
 
     #[test]
     fn a_denial_of_another_cost_does_not_push_out_one_that_holds() {
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 1, 0, &denied(10), false);
+        cache.insert("b", 0, 1, 0, &denied(10), false, None);
         // (A request that never passes, alternated with cost-1 ones.)
-        cache.insert("b", 0, u32::MAX, 1_000, &denied(60_000), false);
+        cache.insert("b", 0, u32::MAX, 1_000, &denied(60_000), false, None);
         assert!(cache.get("b", 0, 1, 2_000).is_some());
         assert!(cache.get("b", 0, u32::MAX, 2_000).is_none());
         // Once it has ended, another takes its place.
-        cache.insert("b", 0, u32::MAX, 10_000, &denied(60_000), false);
+        cache.insert("b", 0, u32::MAX, 10_000, &denied(60_000), false, None);
         assert!(cache.get("b", 0, u32::MAX, 11_000).is_some());
     }
 
@@ -312,7 +327,7 @@ mod tests {
         // groups) may have other limits: one's denial says nothing of the
         // other's.
         let cache = DenialCache::new(100);
-        cache.insert("z:alice", 1, 1, 0, &denied(60_000), false);
+        cache.insert("z:alice", 1, 1, 0, &denied(60_000), false, None);
         assert!(cache.get("z:alice", 2, 1, 10).is_none());
         assert!(cache.get("z:alice", 1, 1, 10).is_some());
     }
@@ -322,7 +337,7 @@ mod tests {
         // A request read the clock, then waited for the shard lock while
         // another request cached a denial.
         let cache = DenialCache::new(100);
-        cache.insert("b", 0, 1, 5_000, &denied(10), false);
+        cache.insert("b", 0, 1, 5_000, &denied(10), false, None);
         let hit = cache.get("b", 0, 1, 4_000).unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(10)));
     }
@@ -341,15 +356,15 @@ mod tests {
         let cache = DenialCache::new(SHARDS * 2);
         let same = same_shard(&cache, 4);
         let first = |c: &DenialCache| c.shard("b0").lock().unwrap().first_expiry;
-        cache.insert(&same[0], 0, 1, 0, &denied(5), false);
-        cache.insert(&same[1], 0, 1, 0, &denied(10), false);
+        cache.insert(&same[0], 0, 1, 0, &denied(5), false, None);
+        cache.insert(&same[1], 0, 1, 0, &denied(10), false, None);
         assert_eq!(first(&cache), 5_000);
         // Full of live entries: turned away, the shard left as it was.
-        cache.insert(&same[2], 0, 1, 4_000, &denied(10), false);
+        cache.insert(&same[2], 0, 1, 4_000, &denied(10), false, None);
         assert!(cache.get(&same[2], 0, 1, 4_001).is_none());
         assert_eq!(cache.len.load(Ordering::Relaxed), 2);
         // The first entry has expired: it makes room.
-        cache.insert(&same[3], 0, 1, 5_000, &denied(10), false);
+        cache.insert(&same[3], 0, 1, 5_000, &denied(10), false, None);
         assert!(cache.get(&same[3], 0, 1, 5_001).is_some());
         assert!(cache.get(&same[1], 0, 1, 5_001).is_some());
         assert!(cache.get(&same[0], 0, 1, 5_001).is_none());
@@ -363,17 +378,17 @@ mod tests {
         let same = same_shard(&cache, 19);
         // 16 entries, expiring 1, 2, ..., 16 ms from 0.
         for (i, key) in same[..16].iter().enumerate() {
-            cache.insert(key, 0, 1, 0, &denied(i as u64 + 1), false);
+            cache.insert(key, 0, 1, 0, &denied(i as u64 + 1), false, None);
         }
         // At 1 ms the first has expired: room for one.
-        cache.insert(&same[16], 0, 1, 1_000, &denied(100), false);
+        cache.insert(&same[16], 0, 1, 1_000, &denied(100), false, None);
         assert!(cache.get(&same[16], 0, 1, 1_001).is_some());
         // At 2 ms the second has expired too, but the shard is not swept
         // again until an eighth of it (two entries) has: no room yet.
-        cache.insert(&same[17], 0, 1, 2_000, &denied(100), false);
+        cache.insert(&same[17], 0, 1, 2_000, &denied(100), false, None);
         assert!(cache.get(&same[17], 0, 1, 2_001).is_none());
         // At 3 ms it is: two entries leave, one comes in.
-        cache.insert(&same[18], 0, 1, 3_000, &denied(100), false);
+        cache.insert(&same[18], 0, 1, 3_000, &denied(100), false, None);
         assert!(cache.get(&same[18], 0, 1, 3_001).is_some());
         assert_eq!(cache.len.load(Ordering::Relaxed), 15);
     }
@@ -382,11 +397,11 @@ mod tests {
     fn is_bounded() {
         let cache = DenialCache::new(32);
         for i in 0..10_000 {
-            cache.insert(&format!("b{i}"), 0, 1, 0, &denied(1000), false);
+            cache.insert(&format!("b{i}"), 0, 1, 0, &denied(1000), false, None);
         }
         assert!(cache.len.load(Ordering::Relaxed) <= 32);
         // Expired entries make room again.
-        cache.insert("late", 0, 1, 2_000_000, &denied(1000), false);
+        cache.insert("late", 0, 1, 2_000_000, &denied(1000), false, None);
         assert!(cache.get("late", 0, 1, 2_000_001).is_some());
     }
 }

@@ -562,12 +562,22 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// A replayed denial of a request that never passes keeps the
     /// remaining counts the store gave, which other requests may since have
     /// spent; a penalty or refund (`adjust_on_response`) that lands while
-    /// an entry holds is seen once it ends. Only an asynchronous store's
+    /// an entry holds is seen once it ends. A costly request's block holds
+    /// for the block time alone (its wait may be longer): its entry ends
+    /// with the block, so the next request is blocked again. One entry a
+    /// budget: a denial of another cost waits for it to end, unless it is
+    /// a request that never passes, which gives way. Waits run from when
+    /// the store was asked (an entry can only end early), so a replayed
+    /// `Retry-After` may read a second less than the store's own when its
+    /// answer was slow. While the store is down, entries still answer
+    /// until they end, whatever the fail mode. A table set again in a
+    /// [`ReloadableRules`] does not see the denials cached under it before.
+    /// Only an asynchronous store's
     /// denials are kept (Redis, or a store of your own whose `check` is
     /// awaited): a store that answers at once, as [`MemoryStore`](crate::MemoryStore)
     /// does, needs no cache. The cache is sharded (no global lock) and
     /// bounded (denials beyond its room are not kept; ended ones are dropped
-    /// as its shards fill). On
+    /// as its shards fill; the room is split evenly over its 16 shards). On
     /// by default with room for [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns
     /// it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {

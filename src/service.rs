@@ -502,6 +502,9 @@ impl<St: Store, I> Shared<St, I> {
     #[inline(never)]
     fn wait(&self, policy: &Arc<Policy>, check: CheckRef<'_>) -> Verdict<St::Future> {
         let cost = check.cost;
+        // (When the check carries the time it is decided at, its waits run
+        // from then: an entry of the denial cache then ends with them.)
+        let decided_at = check.now;
         let check = owned_check(
             policy,
             check.budget,
@@ -512,7 +515,7 @@ impl<St: Store, I> Shared<St, I> {
         );
         // (One reading of the system clock for both.)
         let started = Instant::now();
-        let asked = self.now_or(|| started);
+        let asked = decided_at.map_or_else(|| self.now_or(|| started), |at| at.as_micros());
         let held = Held {
             policy: policy.clone(),
             budget: check.budget.clone(),
@@ -722,6 +725,12 @@ impl<St: Store, I> Shared<St, I> {
         if let (Outcome::Denied, Some(cache), Some(asked), true) =
             (outcome, &self.state.denials, checked.asked, exact)
         {
+            // (A costly request's block holds for the block time alone,
+            // though the wait reported is its own when longer.)
+            let hold = match decision.is_blocked() && checked.cost > 1 {
+                true => options.block_for(policy),
+                false => None,
+            };
             cache.insert(
                 checked.budget,
                 policy.id,
@@ -729,6 +738,7 @@ impl<St: Store, I> Shared<St, I> {
                 asked,
                 &decision,
                 headers.shows_every_window(),
+                hold,
             );
         }
         let response = match &options.on_blocked {

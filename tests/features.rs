@@ -1375,3 +1375,48 @@ async fn a_table_set_again_is_not_answered_from_its_old_denials() {
     assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(store.calls(), 4);
 }
+
+/// A costly request's block holds for the block time, though the wait it
+/// reports is its own when longer: the cached denial ends with the block,
+/// so the next costly request reaches the store and is blocked again, and
+/// the user stays blocked (before, the cache answered it for the whole
+/// wait, no block was set again, and a cheap request passed; found by a
+/// review). A request that never passes gives its entry up to a cheaper
+/// request's, which stays cached.
+#[tokio::test]
+async fn a_costly_blocked_request_is_cached_no_longer_than_its_block() {
+    let rule = Rule::new().minute(10).block_time(Duration::from_secs(10));
+    let store = Flaky::default();
+    let app = App::with(one(rule), store.clone(), |l| l.cost(support::cost_header));
+    let send = |cost: u32| app.send_request(support::costing("/a", "u", cost));
+    assert_eq!(send(6).await.status, StatusCode::OK);
+    app.advance_ms(1_000);
+    let blocked = send(6).await;
+    assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS);
+    // (Its own wait, longer than the block.)
+    assert!(blocked.number("retry-after") >= 59);
+    let asked = store.calls();
+    app.advance_ms(11_000);
+    // Past the block: the store is asked, and blocks again.
+    assert_eq!(send(6).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.calls(), asked + 1);
+    app.advance_ms(1_000);
+    assert_eq!(send(1).await.status, StatusCode::TOO_MANY_REQUESTS);
+
+    // A request that never passes, cached, then a cheap one denied: the
+    // cheap one's denial takes the entry and is answered from the cache.
+    let store = Flaky::default();
+    let app = App::with(one(Rule::new().minute(2)), store.clone(), |l| {
+        l.cost(support::cost_header)
+    });
+    let send = |cost: u32| app.send_request(support::costing("/a", "u", cost));
+    assert_eq!(send(1).await.status, StatusCode::OK);
+    assert_eq!(send(1).await.status, StatusCode::OK);
+    assert_eq!(send(3).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send(1).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let asked = store.calls();
+    for _ in 0..5 {
+        assert_eq!(send(1).await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(store.calls(), asked, "the cheap denials were not cached");
+}
