@@ -13,11 +13,12 @@
 //!
 //! The cache is sharded (no global lock), bounded (entries beyond the
 //! capacity are simply not cached; expired ones are dropped as shards
-//! fill), and costs one atomic load per request while it is empty.
+//! fill), and costs one atomic load per request while it is empty, two
+//! once every entry it holds has ended (no lock, no hash).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -55,6 +56,8 @@ pub(crate) struct DenialCache {
     hasher: foldhash::fast::RandomState,
     per_shard: usize,
     len: AtomicUsize,
+    /// The latest end of any entry made: none holds at or after it.
+    latest: AtomicU64,
 }
 
 impl DenialCache {
@@ -64,6 +67,7 @@ impl DenialCache {
             hasher: foldhash::fast::RandomState::default(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
             len: AtomicUsize::new(0),
+            latest: AtomicU64::new(0),
         }
     }
 
@@ -81,7 +85,7 @@ impl DenialCache {
     /// at `now` (microseconds on the layer's clock), with its waits
     /// shortened by the time since it was cached.
     pub(crate) fn get(&self, budget: &str, policy: u64, cost: u32, now: u64) -> Option<Decision> {
-        if self.len.load(Ordering::Relaxed) == 0 {
+        if self.len.load(Ordering::Relaxed) == 0 || now >= self.latest.load(Ordering::Relaxed) {
             return None;
         }
         let mut shard = self
@@ -199,6 +203,7 @@ impl DenialCache {
         if shard.map.insert(budget.into(), entry).is_none() {
             self.len.fetch_add(1, Ordering::Relaxed);
         }
+        self.latest.fetch_max(until, Ordering::Relaxed);
     }
 }
 
@@ -240,7 +245,14 @@ mod tests {
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(7)));
         assert!(cache.get("b", 7, 2, 10_999).is_some());
         assert!(cache.get("b", 7, 2, 11_000).is_none());
-        assert_eq!(cache.len.load(Ordering::Relaxed), 0);
+        // (Once every entry has ended, a lookup reads two atomics and no
+        // shard: the ended entry is dropped as its shard fills.)
+        assert_eq!(cache.len.load(Ordering::Relaxed), 1);
+        // Another entry, live: an ended one met on the way is dropped.
+        cache.insert("c", 7, 2, 11_000, &denied(10), false, None);
+        assert!(cache.get("b", 7, 2, 12_000).is_none());
+        assert_eq!(cache.len.load(Ordering::Relaxed), 1);
+        assert!(cache.get("c", 7, 2, 12_000).is_some());
     }
 
     #[test]
