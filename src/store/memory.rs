@@ -556,12 +556,6 @@ impl MemoryStore {
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         let (algorithm, windows) = (check.algorithm, check.windows);
         if let Some(entry) = shard.find_mut(hash, check.budget, now) {
-            // (An entry whose windows are all empty, not swept yet, is no
-            // budget, as on Redis a key past its TTL: a refund has nothing
-            // to give back, and must not keep it for another window.)
-            if matches!(adjustment, Adjustment::Refund(_)) && !entry.live(now) {
-                return;
-            }
             let expires = entry.state.adjust(algorithm, windows, adjustment, now);
             entry.expires = entry.expires.max(expires);
             return;
@@ -1062,32 +1056,6 @@ mod tests {
     /// move to a table twice as large, a step's buckets at a time (two
     /// steps in a check that adds a budget), and every budget is found
     /// (and counts on) in either table meanwhile, whatever path reaches it.
-    /// A refund on a budget whose windows have all emptied keeps nothing
-    /// (as on Redis, whose key is gone): the next sweep drops it.
-    #[test]
-    fn a_refund_on_an_emptied_budget_keeps_nothing() {
-        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
-        let store = MemoryStore::with_clock(clock.clone());
-        let windows: Arc<[Window]> = [Window::new(Duration::from_secs(1), 5).unwrap()].into();
-        for algorithm in Algorithm::ALL {
-            let check = || {
-                Check::new("u".to_owned(), windows.clone())
-                    .with_algorithm(algorithm)
-                    .at(clock.now())
-            };
-            assert!(store.decide(&check().as_ref()).allowed());
-            clock.advance(Duration::from_secs(3));
-            store.adjust_now(&check().as_ref(), Adjustment::Refund(1));
-            assert_eq!(store.sweep_at(clock.now()), 0, "{algorithm:?}");
-            // A live one still gets its unit back.
-            assert!(store.decide(&check().as_ref()).allowed());
-            store.adjust_now(&check().as_ref(), Adjustment::Refund(1));
-            let after = store.decide(&check().as_ref());
-            assert_eq!(after.windows()[0].remaining, 4, "{algorithm:?}");
-            clock.advance(Duration::from_secs(3));
-        }
-    }
-
     /// A table four times larger than it needs moves to one with fewer
     /// buckets, or stays: never to one of its own size, which would end
     /// with the same move again (found by an outside model test: a shard
