@@ -830,15 +830,16 @@ struct RulesInner {
 }
 
 impl RulesInner {
-    /// Whether the method or the path is excluded. (Out of line: a table
-    /// without exclusions, the common one, never comes here.)
+    /// Whether the method or the path is excluded; a path with a decoded
+    /// spelling (see [`decode_path`]) only when both spellings are. (Out
+    /// of line: a table without exclusions, the common one, never comes
+    /// here.)
     #[inline(never)]
-    fn excluded(&self, method: &Method, path: &str) -> bool {
+    fn excluded(&self, method: &Method, path: &str, decoded: Option<&str>) -> bool {
         self.exclude_methods.iter().any(|m| applies(m, method))
-            || self
-                .exclude_paths
-                .as_ref()
-                .is_some_and(|set| set.is_match(path))
+            || self.exclude_paths.as_ref().is_some_and(|set| {
+                set.is_match(path) && decoded.is_none_or(|decoded| set.is_match(decoded))
+            })
     }
 }
 
@@ -956,7 +957,7 @@ impl Rules {
         }
         let inner = &*self.inner;
         if (!inner.exclude_methods.is_empty() || inner.exclude_paths.is_some())
-            && inner.excluded(method, path)
+            && inner.excluded(method, path, None)
         {
             return None;
         }
@@ -974,13 +975,8 @@ impl Rules {
     fn candidates_encoded(&self, method: &Method, path: &str) -> Option<Candidates> {
         let inner = &*self.inner;
         let decoded = decode_path(path);
-        if inner.exclude_methods.iter().any(|m| applies(m, method)) {
+        if inner.excluded(method, path, Some(&decoded)) {
             return None;
-        }
-        if let Some(set) = &inner.exclude_paths {
-            if set.is_match(path) && set.is_match(&decoded) {
-                return None;
-            }
         }
         match (self.matching(path), self.matching(&decoded)) {
             (Some(sent), Some(decoded)) => Some(sent.union(decoded)),
