@@ -208,9 +208,8 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             let rules = Rules::builder().route("^/", [rule]).build().unwrap();
             // (The crate's own header identity: a short value is kept
             // inline, no allocation.)
-            let user = tower_ratelimit::identity::HeaderValue::new(http::HeaderName::from_static(
-                "x-user",
-            ));
+            let user =
+                tower_ratelimit::identity::HeaderKey::new(http::HeaderName::from_static("x-user"));
             let layer = RateLimitLayer::new(rules, MemoryStore::new())
                 .identify(user)
                 .same_body();

@@ -92,7 +92,7 @@ fn ours(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible>
 
 /// Keyed by the `x-user` header (the crate's own header identity).
 fn ours_header(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
-    let user = tower_ratelimit::identity::HeaderValue::new(http::HeaderName::from_static("x-user"));
+    let user = tower_ratelimit::identity::HeaderKey::new(http::HeaderName::from_static("x-user"));
     RateLimitLayer::new(rules(algorithm), MemoryStore::new())
         .identify(user)
         .layer(inner())

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{routing::get, Router};
-use tower_ratelimit::identity::HeaderValue;
+use tower_ratelimit::identity::HeaderKey;
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{FailMode, RateLimitLayer, Rule, Rules};
 
@@ -38,8 +38,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layer = RateLimitLayer::new(rules, store)
         .fail_mode(FailMode::Open)
         // (Any key as it comes: a real service keys users by keys it has
-        // verified, see `identity::HeaderValue`.)
-        .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key")))
+        // verified, see `identity::HeaderKey`.)
+        .identify(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
         .same_body();
 
     let app = Router::new()

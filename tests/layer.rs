@@ -16,7 +16,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use support::App;
 use tower::ServiceExt;
-use tower_ratelimit::identity::{Global, HeaderValue};
+use tower_ratelimit::identity::{Global, HeaderKey};
 use tower_ratelimit::{
     Check, Decision, FailMode, MemoryStore, RateLimitLayer, Rule, Rules, Store, StoreError,
     StoreErrorKind,
@@ -228,7 +228,7 @@ async fn client_ip_without_connect_info_is_a_server_error() {
 async fn header_identity_and_global_identity() {
     let by_key = Router::new().fallback(|| async { "ok" }).layer(
         RateLimitLayer::new(rules(), MemoryStore::new())
-            .identify(HeaderValue::new(http::HeaderName::from_static("x-api-key"))),
+            .identify(HeaderKey::new(http::HeaderName::from_static("x-api-key"))),
     );
     let with_key = |k: &str| {
         Request::builder()

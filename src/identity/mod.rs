@@ -29,7 +29,7 @@
 //! ```
 //!
 //! Built-ins: [`ClientIp`] (the peer address), [`ForwardedIp`] (the client
-//! behind trusted reverse proxies), [`HeaderValue`] (a verified header, such
+//! behind trusted reverse proxies), [`HeaderKey`] (a verified header, such
 //! as an API key a gateway has checked)
 //! and [`Global`] (one budget for everyone). Identities are
 //! arbitrary bytes of any length: the layer encodes them into store keys so
@@ -600,17 +600,17 @@ impl Identify for ClientIp {
 /// client IP.
 ///
 /// ```
-/// use tower_ratelimit::identity::HeaderValue;
+/// use tower_ratelimit::identity::HeaderKey;
 ///
 /// // Behind a gateway that lets only valid keys through.
-/// let identity = HeaderValue::new(http::HeaderName::from_static("x-api-key"));
+/// let identity = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
 /// ```
 #[derive(Clone, Debug)]
-pub struct HeaderValue {
+pub struct HeaderKey {
     name: HeaderName,
 }
 
-impl HeaderValue {
+impl HeaderKey {
     /// Identifies users by the header `name`.
     pub fn new(name: HeaderName) -> Self {
         Self { name }
@@ -631,7 +631,7 @@ impl HeaderValue {
 
 // (At once, as the other built-ins: the layer decides without holding the
 // request.)
-impl Identify for HeaderValue {
+impl Identify for HeaderKey {
     ready_identity!();
 }
 
@@ -663,7 +663,7 @@ mod tests {
     fn the_header_identity_answers_at_once() {
         // (The layer decides without holding the request only for an
         // identity that answers at once.)
-        let identity = HeaderValue::new(HeaderName::from_static("x-user"));
+        let identity = HeaderKey::new(HeaderName::from_static("x-user"));
         let (mut with, _) = http::Request::new(()).into_parts();
         with.headers
             .insert("x-user", http::HeaderValue::from_static("alice"));
