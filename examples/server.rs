@@ -135,23 +135,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS))]
     timeout_ms: u64,
     /// For rediss:// (TLS): trust this CA (a PEM file) instead of the
-    /// system's root certificates (--redis and --redis-cluster).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "redis_store",
-        conflicts_with = "redis_sentinel"
-    )]
+    /// system's root certificates (under --redis-sentinel, for the master
+    /// and for rediss:// sentinels).
+    #[arg(long, value_name = "FILE", requires = "redis_store")]
     redis_ca: Option<std::path::PathBuf>,
     /// For rediss:// (TLS) to a server that asks for a client certificate:
-    /// this one (a PEM file), with --redis-key (--redis and
-    /// --redis-cluster).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires_all = ["redis_key", "redis_store"],
-        conflicts_with = "redis_sentinel"
-    )]
+    /// this one (a PEM file), with --redis-key.
+    #[arg(long, value_name = "FILE", requires_all = ["redis_key", "redis_store"])]
     redis_cert: Option<std::path::PathBuf>,
     /// The private key (a PEM file) of --redis-cert.
     #[arg(long, value_name = "FILE", requires = "redis_cert")]
@@ -308,8 +298,8 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         tracing::info!("store: redis {}", redacted(url));
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_sentinel {
-        let store = RedisStore::builder()
-            .sentinel(urls.clone(), args.sentinel_master.clone())
+        let builder = RedisStore::builder().sentinel(urls.clone(), args.sentinel_master.clone());
+        let store = with_tls(builder, &args)?
             .timeout(timeout)
             .build()
             .await

@@ -315,6 +315,34 @@ async fn two_replicas_on_a_redis_over_tls_share_each_budget() {
     assert!(error.starts_with(&format!("--redis {url}: ")), "{error}");
 }
 
+/// Two replicas on a Redis master reached over TLS through a sentinel
+/// reached over TLS, both verified against the private CA of `--redis-ca`;
+/// without it, refused at start (the system's roots do not know the CA).
+#[tokio::test]
+async fn two_replicas_through_a_sentinel_over_tls_share_each_budget() {
+    use support::redis_server::{RedisSentinels, TlsFiles};
+    let files = TlsFiles::make();
+    let (_master, _sentinel, port) = RedisSentinels::start_tls(&files);
+    let file = config_file(MINUTE_TABLE);
+    let url = format!("rediss://127.0.0.1:{port}");
+    let ca = files.path("ca.crt");
+    let flags = [
+        "--config",
+        file.path(),
+        "--redis-sentinel",
+        &url,
+        "--redis-ca",
+        &ca,
+    ];
+    two_replicas_spend_one_budget(&flags).await;
+    let error = start_error(&["--redis-sentinel", &url]).await;
+    assert!(
+        error.starts_with(&format!("--redis-sentinel {url}: ")),
+        "{error}"
+    );
+    assert!(error.contains("UnknownIssuer"), "{error}");
+}
+
 /// The same on a three-master Cluster, through `--redis-cluster`.
 #[tokio::test]
 async fn two_replicas_on_a_cluster_share_each_budget() {
@@ -540,22 +568,24 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
 
     // Flags clap refuses before the server starts.
     assert!(example::Args::try_parse_from(["server", "--timeout-ms", "0"]).is_err());
-    // The TLS files are for --redis and --redis-cluster, a client
-    // certificate with its key.
+    // The TLS files are for a Redis store (--redis, --redis-cluster or
+    // --redis-sentinel), a client certificate with its key.
     for flags in [
         &["--redis-ca", "ca.crt"][..],
         &["--redis-cert", "c.crt", "--redis-key", "c.key"],
         &["--redis", "rediss://127.0.0.1:1", "--redis-cert", "c.crt"],
-        &[
-            "--redis-sentinel",
-            "rediss://127.0.0.1:1",
-            "--redis-ca",
-            "ca.crt",
-        ],
     ] {
         let parsed = example::Args::try_parse_from(["server"].iter().chain(flags));
         assert!(parsed.is_err(), "{flags:?} parsed");
     }
+    let sentinel = ["--redis-sentinel", "rediss://127.0.0.1:1"];
+    let parsed = example::Args::try_parse_from(
+        ["server"]
+            .iter()
+            .chain(&sentinel)
+            .chain(&["--redis-ca", "ca.crt"]),
+    );
+    assert!(parsed.is_ok(), "{:?}", parsed.err());
     // --timeout-ms is bounded: 1 to 60000.
     let redis = ["server", "--redis", "redis://127.0.0.1:1"];
     for (ms, ok) in [

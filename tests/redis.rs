@@ -2705,16 +2705,22 @@ async fn a_cluster_store_over_tls_decides() {
 }
 
 /// A master reached over TLS through sentinels reached over TLS (the
-/// sentinels' URLs are `rediss://`, so the master's connection is too).
+/// sentinels' URLs are `rediss://`, so the master's connection is too),
+/// both verified against the private CA given to the store; without it,
+/// nothing is decided (the system's roots do not know the CA), and
+/// `#insecure` skips the verification. Certificates for sentinels of which
+/// some are reached over TLS and some not are a configuration error.
 #[cfg(feature = "tls")]
 #[tokio::test]
-async fn a_sentinel_store_over_tls_decides() {
+async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
     use support::redis_server::{RedisSentinels, TlsFiles};
+    use tower_ratelimit::StoreErrorKind;
     let files = TlsFiles::make();
     let (_master, _sentinel, port) = RedisSentinels::start_tls(&files);
-    // (A private CA is not given to a Sentinel store: not verified here.)
+    let url = format!("rediss://127.0.0.1:{port}");
     let store = RedisStore::builder()
-        .sentinel([format!("rediss://127.0.0.1:{port}/#insecure")], "mymaster")
+        .sentinel([url.clone()], "mymaster")
+        .tls_root_certificate(files.read("ca.crt"))
         .build()
         .await
         .unwrap();
@@ -2723,4 +2729,84 @@ async fn a_sentinel_store_over_tls_decides() {
     let denied = app.get("/a", "u").await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(denied.limited());
+
+    // The system's roots do not know the private CA.
+    let unverified = RedisStore::builder()
+        .sentinel([url.clone()], "mymaster")
+        .timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await;
+    let unverified = unverified.unwrap_err();
+    assert_eq!(unverified.kind(), StoreErrorKind::Config, "{unverified}");
+    assert!(
+        unverified.to_string().contains("UnknownIssuer"),
+        "{unverified}"
+    );
+    // Unless told not to verify.
+    let insecure = RedisStore::builder()
+        .sentinel([format!("{url}/#insecure")], "mymaster")
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), insecure);
+    assert_eq!(app.get("/a", "v").await.status, StatusCode::OK);
+    assert!(app.get("/a", "v").await.limited());
+
+    // The sentinels are asked over TLS with the CA too: one whose name
+    // they do not know is refused by name.
+    let unknown = RedisStore::builder()
+        .sentinel([url.clone()], "nosuchmaster")
+        .tls_root_certificate(files.read("ca.crt"))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.kind(), StoreErrorKind::Config, "{unknown}");
+    assert!(
+        unknown
+            .to_string()
+            .contains("no sentinel knows a master named"),
+        "{unknown}"
+    );
+
+    let mixed = RedisStore::builder()
+        .sentinel([url.clone(), "redis://127.0.0.1:1".to_owned()], "mymaster")
+        .tls_root_certificate(files.read("ca.crt"))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(mixed.kind(), StoreErrorKind::Config, "{mixed}");
+    assert!(mixed.to_string().contains("some urls"), "{mixed}");
+}
+
+/// A master and a sentinel that ask for a client certificate get the one
+/// given to a Sentinel store; without it, the store is refused at build.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_sentinel_store_presents_its_client_certificate() {
+    use support::redis_server::{RedisSentinels, TlsFiles};
+    use tower_ratelimit::StoreErrorKind;
+    let files = TlsFiles::make();
+    let (_master, _sentinel, port) = RedisSentinels::start_tls_asking(&files, true);
+    let url = format!("rediss://127.0.0.1:{port}");
+    let store = RedisStore::builder()
+        .sentinel([url.clone()], "mymaster")
+        .tls_root_certificate(files.read("ca.crt"))
+        .tls_client_certificate(files.read("client.crt"), files.read("client.key"))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert!(app.get("/a", "u").await.limited());
+
+    let refused = RedisStore::builder()
+        .sentinel([url], "mymaster")
+        .tls_root_certificate(files.read("ca.crt"))
+        .timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Config, "{refused}");
 }

@@ -800,7 +800,7 @@ struct Follow {
 /// Asks the sentinels, in turn, which address they name as `service`'s
 /// master (`SENTINEL GET-MASTER-ADDR-BY-NAME`), over one connection kept to
 /// the first that answers.
-fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> Follow {
+fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration, tls: Tls) -> Follow {
     let sentinels: Arc<[String]> = sentinels.into();
     let service: Arc<str> = service.into();
     let kept: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>> = Arc::default();
@@ -820,6 +820,7 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
         .set_response_timeout(Some(timeout));
     let master_now = move |another: bool| -> BoxFuture<Option<String>> {
         let (sentinels, service, kept) = (sentinels.clone(), service.clone(), kept.clone());
+        let tls = tls.clone();
         let first = turn.fetch_add(1, Ordering::Relaxed);
         let config = config.clone();
         Box::pin(async move {
@@ -847,7 +848,7 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
             }
             let n = sentinels.len();
             for url in (0..n).filter_map(|i| sentinels.get((first + i) % n)) {
-                let Ok(client) = redis::Client::open(url.as_str()) else {
+                let Ok(client) = tls.sentinel_client(url) else {
                     continue;
                 };
                 let Ok(conn) = client
@@ -876,12 +877,17 @@ fn follow_sentinels(sentinels: &[String], service: &str, timeout: Duration) -> F
 /// that cannot be reached, or answers otherwise, leaves it open: a master
 /// that is down or failing over is still named. (redis-rs reports both as
 /// `MasterNameNotFoundBySentinel`.)
-async fn unknown_to_every_sentinel(sentinels: &[String], service: &str, timeout: Duration) -> bool {
+async fn unknown_to_every_sentinel(
+    sentinels: &[String],
+    service: &str,
+    timeout: Duration,
+    tls: &Tls,
+) -> bool {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
     for url in sentinels {
-        let Ok(client) = redis::Client::open(url.as_str()) else {
+        let Ok(client) = tls.sentinel_client(url) else {
             return false;
         };
         let Ok(mut conn) = client
@@ -900,6 +906,55 @@ async fn unknown_to_every_sentinel(sentinels: &[String], service: &str, timeout:
         }
     }
     !sentinels.is_empty()
+}
+
+/// A client of `service`'s master through `sentinels` (tried in that
+/// order), with `certificates` for the master (its connection's TLS
+/// `mode`; `settings`: its credentials and database) and for the sentinels
+/// when their urls are `rediss://`. (The sentinels share the first one's
+/// credentials: redis-rs' builder takes one set.)
+#[cfg(feature = "tls")]
+fn sentinel_with_certificates(
+    sentinels: &[String],
+    service: &str,
+    settings: Option<&redis::RedisConnectionInfo>,
+    mode: redis::TlsMode,
+    certificates: redis::TlsCertificates,
+) -> RedisResult<redis::sentinel::SentinelClient> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    use redis::IntoConnectionInfo;
+    let infos = sentinels
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect::<RedisResult<Vec<_>>>()?;
+    let addrs = infos.iter().map(|info| info.addr().clone());
+    let mut builder = SentinelClientBuilder::new(addrs, service, SentinelServerType::Master)?;
+    if let Some(first) = infos.first().map(redis::ConnectionInfo::redis_settings) {
+        if let Some(username) = first.username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = first.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+    }
+    if sentinels.iter().all(|url| is_tls_url(url)) {
+        builder = builder.set_client_to_sentinel_certificates(certificates.clone());
+    }
+    if let Some(settings) = settings {
+        builder = builder
+            .set_client_to_redis_db(settings.db())
+            .set_client_to_redis_protocol(settings.protocol());
+        if let Some(username) = settings.username() {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = settings.password() {
+            builder = builder.set_client_to_redis_password(password);
+        }
+    }
+    builder
+        .set_client_to_redis_tls_mode(mode)
+        .set_client_to_redis_certificates(certificates)
+        .build()
 }
 
 /// How a [`Lazy`] treats its kind of connection.
@@ -2363,6 +2418,30 @@ impl Tls {
         Ok(client)
     }
 
+    /// A client of the sentinel at `url`: with the certificates if any and
+    /// its url is `rediss://`.
+    fn sentinel_client(&self, url: &str) -> RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = &self.certificates {
+            if is_tls_url(url) {
+                return redis::Client::build_with_tls(url, certificates.clone());
+            }
+        }
+        redis::Client::open(url)
+    }
+
+    /// `Ok` unless certificates were given for sentinels of which some are
+    /// reached over TLS and some not (the certificates go to all or none).
+    fn sentinels_usable(&self, sentinels: &[String]) -> Result<(), StoreError> {
+        let tls = sentinels.iter().filter(|url| is_tls_url(url)).count();
+        if self.given() && tls != 0 && tls != sentinels.len() {
+            return Err(config_error(
+                "TLS certificates were given for sentinels of which some urls are rediss:// and some not",
+            ));
+        }
+        Ok(())
+    }
+
     /// A Cluster client's builder for `urls`, with the certificates if any.
     fn cluster(&self, urls: &[String]) -> Result<redis::cluster::ClusterClientBuilder, StoreError> {
         self.usable(urls.iter().map(String::as_str))?;
@@ -2405,7 +2484,7 @@ impl Tls {
     fn unused_by(&self, what: &str) -> Result<(), StoreError> {
         if self.given() {
             return Err(config_error(format!(
-                "TLS certificates apply to url(..) and cluster(..) stores, not to {what}"
+                "TLS certificates apply to url(..), cluster(..) and sentinel(..) stores, not to {what}"
             )));
         }
         Ok(())
@@ -3315,13 +3394,16 @@ impl RedisStoreBuilder {
 
     /// With the `tls` feature: trusts `pem` (one or more PEM certificates)
     /// as the roots for `rediss://` connections made by a
-    /// [`url`](Self::url) or [`cluster`](Self::cluster) store, instead of
-    /// the system's root certificates (they replace them): for a Redis
-    /// whose certificate a private CA signed. A Sentinel store uses the
-    /// system's roots (`SSL_CERT_FILE` may name a file of your CA's), a
-    /// caller's pool its own configuration: given to either, the
-    /// certificates make `build` fail, as with a URL that is not
-    /// `rediss://`. `rediss://HOST/#insecure`
+    /// [`url`](Self::url), [`cluster`](Self::cluster) or
+    /// [`sentinel`](Self::sentinel) store, instead of the system's root
+    /// certificates (they replace them): for a Redis whose certificate a
+    /// private CA signed. A Sentinel store uses them for the master, whose
+    /// connection must then be TLS (see
+    /// [`sentinel_master_url`](Self::sentinel_master_url)), and for the
+    /// sentinels if their URLs are all `rediss://` (some `rediss://` and
+    /// some not make `build` fail); a caller's pool uses its own
+    /// configuration: given to one, the certificates make `build` fail, as
+    /// with a URL that is not `rediss://`. `rediss://HOST/#insecure`
     /// skips the server's verification, for tests. `build` refuses what
     /// holds no PEM certificate, and a certificate the server or the store
     /// refuses.
@@ -3348,11 +3430,13 @@ impl RedisStoreBuilder {
     }
 
     /// With the `tls` feature: the client certificate and its private key
-    /// (PEM) that a [`url`](Self::url) or [`cluster`](Self::cluster) store
-    /// presents on `rediss://` connections, for a Redis that asks clients
-    /// for one (its `tls-auth-clients`, on by default). `build` refuses it
-    /// for a Sentinel store, a caller's pool or a URL that is not
-    /// `rediss://`, and a certificate or key that holds no PEM one.
+    /// (PEM) that a [`url`](Self::url), [`cluster`](Self::cluster) or
+    /// [`sentinel`](Self::sentinel) store presents on `rediss://`
+    /// connections (a Sentinel store's to the master and to `rediss://`
+    /// sentinels), for a Redis that asks clients for one (its
+    /// `tls-auth-clients`, on by default). `build` refuses it for a
+    /// caller's pool or a URL that is not `rediss://`, and a certificate or
+    /// key that holds no PEM one.
     #[cfg(feature = "tls")]
     pub fn tls_client_certificate(
         mut self,
@@ -3574,10 +3658,15 @@ impl RedisStoreBuilder {
                     SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
                 };
                 use redis::IntoConnectionInfo;
-                tls.unused_by("a Sentinel store (it uses the system's root certificates)")?;
-                tls.usable(sentinels.iter().map(String::as_str))?;
-                tls.usable(master.iter().map(String::as_str))?;
-                let node = match &master {
+                // (Certificates are for the master, whose connection is
+                // TLS when its url, or else the first sentinel's, is
+                // `rediss://`; and for the sentinels, if all of theirs
+                // are.)
+                let master_tls = master.as_deref().or(sentinels.first().map(String::as_str));
+                Tls::default().usable(sentinels.iter().map(String::as_str))?;
+                tls.usable(master_tls.into_iter())?;
+                tls.sentinels_usable(&sentinels)?;
+                let settings = match &master {
                     Some(url) => {
                         let info = url.as_str().into_connection_info().map_err(|e| {
                             config_error(format!(
@@ -3585,34 +3674,33 @@ impl RedisStoreBuilder {
                                 redacted(url)
                             ))
                         })?;
-                        Some(
-                            SentinelNodeConnectionInfo::default()
-                                .set_redis_connection_info(info.redis_settings().clone()),
-                        )
+                        Some(info.redis_settings().clone())
                     }
                     None => None,
                 };
-                // (The master over TLS when its url, or else the first
-                // sentinel's, is `rediss://`.)
+                let node = settings.clone().map(|settings| {
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(settings)
+                });
                 #[cfg(feature = "tls")]
-                let node = match master.as_deref().or(sentinels.first().map(String::as_str)) {
-                    Some(url) if is_tls_url(url) => {
-                        let mode = if url.ends_with("#insecure") {
-                            redis::TlsMode::Insecure
-                        } else {
-                            redis::TlsMode::Secure
-                        };
-                        Some(node.unwrap_or_default().set_tls_mode(mode))
+                let mode = match master_tls {
+                    Some(url) if is_tls_url(url) && url.ends_with("#insecure") => {
+                        Some(redis::TlsMode::Insecure)
                     }
-                    _ => node,
+                    Some(url) if is_tls_url(url) => Some(redis::TlsMode::Secure),
+                    _ => None,
+                };
+                #[cfg(feature = "tls")]
+                let node = match mode {
+                    Some(mode) => Some(node.unwrap_or_default().set_tls_mode(mode)),
+                    None => node,
                 };
                 let what = format!("redis master `{service}` (through its sentinels)");
-                if unknown_to_every_sentinel(&sentinels, &service, connect_timeout).await {
+                if unknown_to_every_sentinel(&sentinels, &service, connect_timeout, &tls).await {
                     return Err(config_error(format!(
                         "{what}: no sentinel knows a master named `{service}`"
                     )));
                 }
-                let follow = follow_sentinels(&sentinels, &service, connect_timeout);
+                let follow = follow_sentinels(&sentinels, &service, connect_timeout, tls.clone());
                 let connected_to = follow.connected_to.clone();
                 let build = move |first: usize| {
                     // (Each attempt starts from the next sentinel: one that
@@ -3620,6 +3708,16 @@ impl RedisStoreBuilder {
                     let mut order = sentinels.clone();
                     let n = order.len().max(1);
                     order.rotate_left(first % n);
+                    #[cfg(feature = "tls")]
+                    if let (Some(certificates), Some(mode)) = (&tls.certificates, mode) {
+                        return sentinel_with_certificates(
+                            &order,
+                            &service,
+                            settings.as_ref(),
+                            mode,
+                            certificates.clone(),
+                        );
+                    }
                     SentinelClient::build(
                         order.iter().map(String::as_str).collect(),
                         service.clone(),

@@ -659,19 +659,34 @@ impl RedisSentinels {
     /// it over TLS and serves TLS itself: (master, sentinel, the
     /// sentinel's TLS port). Plain ports stay, for `cli`.
     pub fn start_tls(files: &TlsFiles) -> (RedisServer, RedisServer, u16) {
-        let (master, master_tls) = RedisServer::start_tls(files, false);
+        Self::start_tls_asking(files, false)
+    }
+
+    /// [`start_tls`](Self::start_tls), the master and the sentinel asking
+    /// their clients for a certificate the CA signed (`client_certificates`;
+    /// the sentinel presents `client.crt` to the master).
+    pub fn start_tls_asking(
+        files: &TlsFiles,
+        client_certificates: bool,
+    ) -> (RedisServer, RedisServer, u16) {
+        let (master, master_tls) = RedisServer::start_tls(files, client_certificates);
         let tls_port = free_port();
+        let auth = if client_certificates { "yes" } else { "no" };
         let sentinel = Self::spawn_sentinel(&format!(
             "tls-port {tls_port}\n\
              tls-cert-file {}\n\
              tls-key-file {}\n\
+             tls-client-cert-file {}\n\
+             tls-client-key-file {}\n\
              tls-ca-cert-file {}\n\
-             tls-auth-clients no\n\
+             tls-auth-clients {auth}\n\
              tls-replication yes\n\
              sentinel monitor mymaster 127.0.0.1 {master_tls} 1\n\
              sentinel down-after-milliseconds mymaster 1000\n",
             files.path("server.crt"),
             files.path("server.key"),
+            files.path("client.crt"),
+            files.path("client.key"),
             files.path("ca.crt"),
         ));
         (master, sentinel, tls_port)
