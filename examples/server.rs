@@ -135,8 +135,8 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS))]
     timeout_ms: u64,
     /// For rediss:// (TLS): trust this CA (a PEM file) instead of the
-    /// system's root certificates (under --redis-sentinel, for the master
-    /// and for rediss:// sentinels).
+    /// system's root certificates (under --redis-sentinel, whose URLs must
+    /// then be rediss://, for the sentinels and the master).
     #[arg(long, value_name = "FILE", requires = "redis_store")]
     redis_ca: Option<std::path::PathBuf>,
     /// For rediss:// (TLS) to a server that asks for a client certificate:

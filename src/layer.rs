@@ -79,7 +79,7 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 /// decided in one call, so on a Cluster they live in one slot): they start
 /// afresh, their blocks too, and a change back finds the earlier ones as they were left,
 /// until they expire. So does a sliding log whose rule moves between up to
-/// 5 windows and more (see [`crate::store::redis`]). The memory store keeps
+/// 5 windows and more (see the `store::redis` module). The memory store keeps
 /// them. The new table's own `headers` and `shadow` apply, unless the
 /// layer sets its own ([`RateLimitLayer::headers`],
 /// [`RateLimitLayer::shadow`]).

@@ -2777,6 +2777,38 @@ async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
         .unwrap_err();
     assert_eq!(mixed.kind(), StoreErrorKind::Config, "{mixed}");
     assert!(mixed.to_string().contains("some urls"), "{mixed}");
+
+    // What else certificates cannot do through sentinels, named at build:
+    // no TLS anywhere, sentinels with different credentials (redis-rs
+    // takes one set for all), and a client certificate for a master not
+    // verified (redis-rs connects to one with no certificate).
+    let ca = || files.read("ca.crt");
+    let sentinel = |urls: &[&str]| {
+        RedisStore::builder().sentinel(urls.iter().map(|u| u.to_string()), "mymaster")
+    };
+    let refusals = [
+        (
+            sentinel(&["redis://127.0.0.1:1"]).tls_root_certificate(ca()),
+            "are not rediss://",
+        ),
+        (
+            sentinel(&["rediss://:a@127.0.0.1:1", "rediss://:b@127.0.0.1:2"])
+                .tls_root_certificate(ca()),
+            "different credentials",
+        ),
+        (
+            sentinel(&["rediss://127.0.0.1:1"])
+                .sentinel_master_url("rediss://master/#insecure")
+                .tls_root_certificate(ca())
+                .tls_client_certificate(files.read("client.crt"), files.read("client.key")),
+            "#insecure",
+        ),
+    ];
+    for (builder, why) in refusals {
+        let error = builder.build().await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config, "{error}");
+        assert!(error.to_string().contains(why), "{why}: {error}");
+    }
 }
 
 /// A master and a sentinel that ask for a client certificate get the one

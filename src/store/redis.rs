@@ -909,16 +909,17 @@ async fn unknown_to_every_sentinel(
 }
 
 /// A client of `service`'s master through `sentinels` (tried in that
-/// order), with `certificates` for the master (its connection's TLS
-/// `mode`; `settings`: its credentials and database) and for the sentinels
-/// when their urls are `rediss://`. (The sentinels share the first one's
-/// credentials: redis-rs' builder takes one set.)
+/// order), with `certificates` for the master when its connection is TLS
+/// (`mode`; `settings`: its credentials and database) and for the
+/// sentinels when their urls are `rediss://`. (The sentinels share the
+/// first one's credentials and protocol: redis-rs' builder takes one set,
+/// and `build` refuses sentinels whose credentials differ.)
 #[cfg(feature = "tls")]
 fn sentinel_with_certificates(
     sentinels: &[String],
     service: &str,
     settings: Option<&redis::RedisConnectionInfo>,
-    mode: redis::TlsMode,
+    mode: Option<redis::TlsMode>,
     certificates: redis::TlsCertificates,
 ) -> RedisResult<redis::sentinel::SentinelClient> {
     use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
@@ -936,6 +937,7 @@ fn sentinel_with_certificates(
         if let Some(password) = first.password() {
             builder = builder.set_client_to_sentinel_password(password);
         }
+        builder = builder.set_client_to_sentinel_protocol(first.protocol());
     }
     if sentinels.iter().all(|url| is_tls_url(url)) {
         builder = builder.set_client_to_sentinel_certificates(certificates.clone());
@@ -951,10 +953,12 @@ fn sentinel_with_certificates(
             builder = builder.set_client_to_redis_password(password);
         }
     }
-    builder
-        .set_client_to_redis_tls_mode(mode)
-        .set_client_to_redis_certificates(certificates)
-        .build()
+    if let Some(mode) = mode {
+        builder = builder
+            .set_client_to_redis_tls_mode(mode)
+            .set_client_to_redis_certificates(certificates);
+    }
+    builder.build()
 }
 
 /// How a [`Lazy`] treats its kind of connection.
@@ -2430,14 +2434,59 @@ impl Tls {
         redis::Client::open(url)
     }
 
-    /// `Ok` unless certificates were given for sentinels of which some are
-    /// reached over TLS and some not (the certificates go to all or none).
-    fn sentinels_usable(&self, sentinels: &[String]) -> Result<(), StoreError> {
-        let tls = sentinels.iter().filter(|url| is_tls_url(url)).count();
-        if self.given() && tls != 0 && tls != sentinels.len() {
-            return Err(config_error(
-                "TLS certificates were given for sentinels of which some urls are rediss:// and some not",
-            ));
+    /// `Ok` unless the certificates given to a Sentinel store cannot be
+    /// used as given: sentinels of which some are reached over TLS and some
+    /// not (the certificates go to all or none), credentials that differ
+    /// from one sentinel to another (redis-rs' builder takes one set),
+    /// neither the master (`master_url`: its url, or else the first
+    /// sentinel's) nor the sentinels over TLS, or a client certificate for
+    /// a master not verified (`#insecure`: redis-rs connects to it with no
+    /// certificate then).
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+    fn sentinels_usable(
+        &self,
+        sentinels: &[String],
+        master_url: Option<&str>,
+    ) -> Result<(), StoreError> {
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = &self.certificates {
+            use redis::IntoConnectionInfo;
+            pem_given(certificates)?;
+            let tls = sentinels.iter().filter(|url| is_tls_url(url)).count();
+            if tls != 0 && tls != sentinels.len() {
+                return Err(config_error(
+                    "TLS certificates were given for sentinels of which some urls are rediss:// and some not",
+                ));
+            }
+            let master_tls = master_url.is_some_and(is_tls_url);
+            if tls == 0 && !master_tls {
+                return Err(config_error(
+                    "TLS certificates were given to a Sentinel store whose sentinels and master (sentinel_master_url, or else the first sentinel's url) are not rediss://",
+                ));
+            }
+            if master_tls
+                && master_url.is_some_and(|url| url.ends_with("#insecure"))
+                && certificates.client_tls.is_some()
+            {
+                return Err(config_error(
+                    "a client certificate cannot reach a Sentinel store's master whose url ends with #insecure (it would be connected to without one): verify it with tls_root_certificate instead",
+                ));
+            }
+            let credentials = |url: &String| {
+                url.as_str().into_connection_info().ok().map(|info| {
+                    let settings = info.redis_settings();
+                    (
+                        settings.username().map(str::to_owned),
+                        settings.password().map(str::to_owned),
+                    )
+                })
+            };
+            let first = sentinels.first().map(credentials);
+            if sentinels.iter().any(|url| Some(credentials(url)) != first) {
+                return Err(config_error(
+                    "TLS certificates were given to a Sentinel store whose sentinels' urls hold different credentials (they must hold the same ones)",
+                ));
+            }
         }
         Ok(())
     }
@@ -3383,8 +3432,9 @@ impl RedisStoreBuilder {
     /// it), e.g. `redis://app:secret@master/2`. Without it, the master is
     /// reached with no password, on database 0. Its scheme says whether the
     /// master is reached over TLS (`rediss://`, with the `tls` feature;
-    /// `#insecure` at its end skips the verification); without it, the
-    /// first sentinel's URL does.
+    /// `#insecure` at its end skips the verification, and then no client
+    /// certificate can be presented to it: `build` refuses one); without
+    /// it, the first sentinel's URL does.
     pub fn sentinel_master_url(mut self, url: impl Into<String>) -> Self {
         if let Some(Target::Sentinel { master, .. }) = &mut self.target {
             *master = Some(url.into());
@@ -3397,13 +3447,14 @@ impl RedisStoreBuilder {
     /// [`url`](Self::url), [`cluster`](Self::cluster) or
     /// [`sentinel`](Self::sentinel) store, instead of the system's root
     /// certificates (they replace them): for a Redis whose certificate a
-    /// private CA signed. A Sentinel store uses them for the master, whose
-    /// connection must then be TLS (see
-    /// [`sentinel_master_url`](Self::sentinel_master_url)), and for the
-    /// sentinels if their URLs are all `rediss://` (some `rediss://` and
-    /// some not make `build` fail); a caller's pool uses its own
-    /// configuration: given to one, the certificates make `build` fail, as
-    /// with a URL that is not `rediss://`. `rediss://HOST/#insecure`
+    /// private CA signed. A Sentinel store uses them for the sentinels if
+    /// their URLs are all `rediss://`, and for the master if its connection
+    /// is TLS (see [`sentinel_master_url`](Self::sentinel_master_url));
+    /// `build` fails if neither is, if some sentinels' URLs are `rediss://`
+    /// and some not, or if their credentials differ (redis-rs then takes
+    /// one set for all). A caller's pool uses its own configuration: given
+    /// to one, the certificates make `build` fail, as with a URL that is
+    /// not `rediss://`. `rediss://HOST/#insecure`
     /// skips the server's verification, for tests. `build` refuses what
     /// holds no PEM certificate, and a certificate the server or the store
     /// refuses.
@@ -3574,8 +3625,9 @@ impl RedisStoreBuilder {
     /// Fails only on configuration errors ([`StoreErrorKind::Config`]): no
     /// target, an invalid URL, a prefix with braces, a `rediss://` URL
     /// without the `tls` feature, TLS certificates that hold no PEM
-    /// certificate or key or that are given to a Sentinel store, a
-    /// caller's pool or a URL that is not `rediss://`; and a target that
+    /// certificate or key, that are given to a caller's pool or a URL that
+    /// is not `rediss://`, or that a Sentinel store cannot use as given (see
+    /// `tls_root_certificate`); and a target that
     /// answers but is set up otherwise than the store was, which no retry
     /// would mend: `cluster(..)` on a server without cluster support,
     /// `url(..)` or `pool(..)` on a node of a Cluster of several masters
@@ -3664,8 +3716,8 @@ impl RedisStoreBuilder {
                 // are.)
                 let master_tls = master.as_deref().or(sentinels.first().map(String::as_str));
                 Tls::default().usable(sentinels.iter().map(String::as_str))?;
-                tls.usable(master_tls.into_iter())?;
-                tls.sentinels_usable(&sentinels)?;
+                Tls::default().usable(master_tls.into_iter())?;
+                tls.sentinels_usable(&sentinels, master_tls)?;
                 let settings = match &master {
                     Some(url) => {
                         let info = url.as_str().into_connection_info().map_err(|e| {
@@ -3709,7 +3761,7 @@ impl RedisStoreBuilder {
                     let n = order.len().max(1);
                     order.rotate_left(first % n);
                     #[cfg(feature = "tls")]
-                    if let (Some(certificates), Some(mode)) = (&tls.certificates, mode) {
+                    if let Some(certificates) = &tls.certificates {
                         return sentinel_with_certificates(
                             &order,
                             &service,
