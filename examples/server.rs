@@ -511,20 +511,28 @@ fn reloads(
         // A changed text is loaded once two looks in a row read it: a file
         // being written (truncated, then filled) is not taken half-way.
         let mut seen: Option<String> = None;
+        // (A file that cannot be read is reported when asked to reload, and
+        // once per new reason while it stays so.)
+        let mut unreadable: Option<String> = None;
         loop {
             let asked = tokio::select! {
                 () = tick(every) => false,
                 () = hangup(&mut hangups) => true,
             };
             let text = match tokio::fs::read_to_string(&path).await {
-                Ok(text) => text,
+                Ok(text) => {
+                    unreadable = None;
+                    text
+                }
                 Err(e) => {
-                    if asked {
+                    let reason = e.to_string();
+                    if asked || unreadable.as_deref() != Some(reason.as_str()) {
                         tracing::warn!(
-                            "cannot read {}: {e}; keeping the running table",
+                            "cannot read {}: {reason}; keeping the running table",
                             path.display()
                         );
                     }
+                    unreadable = Some(reason);
                     continue;
                 }
             };
@@ -539,7 +547,20 @@ fn reloads(
                 }
             }
             seen = None;
-            match Config::from_toml(&text) {
+            // (Checked off the server's task: a large table takes a while,
+            // and the server accepts connections meanwhile.)
+            let checking = tokio::task::spawn_blocking(move || {
+                let checked = Config::from_toml(&text);
+                (checked, text)
+            });
+            let (checked, text) = match checking.await {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::warn!("{}: {e}; keeping the running table", path.display());
+                    continue;
+                }
+            };
+            match checked {
                 Ok(config) => {
                     // (Two swaps: one request between them may read the
                     // new groups with the old rules.)

@@ -831,6 +831,16 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     until_limit(addr, "7").await;
     log.until(&format!("INFO reloaded {}: 1 route\n", file.path()))
         .await;
+
+    // A file that cannot be read, seen by the watcher (no SIGHUP): reported
+    // once, the running table kept.
+    std::fs::remove_file(file.path()).unwrap();
+    log.until(&format!(
+        "WARN cannot read {}: No such file or directory (os error 2); keeping the running table\n",
+        file.path()
+    ))
+    .await;
+    until_limit(addr, "7").await;
 }
 
 /// Replaces a config file's text at once (written aside, then renamed
