@@ -35,7 +35,7 @@
 //! rules = [{ group = "default", second = 1 }, { group = "admin" }]
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -1278,6 +1278,9 @@ impl RulesBuilder {
                 return Err(ConfigError::new(at, ConfigErrorKind::NoEffect));
             }
             let mut compiled: Vec<CompiledRule> = Vec::with_capacity(route.rules.len());
+            // (The route's rules so far, by group: a rule is checked against
+            // its own group's, not every earlier rule.)
+            let mut by_group: HashMap<&str, Vec<usize>> = HashMap::new();
             let mut route_algorithm = None;
             for (i, rule) in route.rules.iter().enumerate() {
                 let at = Location {
@@ -1301,7 +1304,16 @@ impl RulesBuilder {
                     headers: self.headers,
                 };
                 let rule_at = at.clone();
-                compiled.push(compile_rule(rule, at, &context, &compiled)?);
+                let earlier: Vec<&CompiledRule> = by_group
+                    .get(rule.group.as_str())
+                    .map(|ix| ix.iter().filter_map(|&i| compiled.get(i)).collect())
+                    .unwrap_or_default();
+                let compiled_rule = compile_rule(rule, at, &context, &earlier)?;
+                by_group
+                    .entry(rule.group.as_str())
+                    .or_default()
+                    .push(compiled.len());
+                compiled.push(compiled_rule);
                 // (Only rules with limits count a budget: an unlimited group
                 // is no conflict.)
                 let Some(policy) = compiled.last().and_then(|r| r.policy.as_ref()) else {
@@ -1441,24 +1453,28 @@ fn literal_prefix(pattern: &str) -> Option<&str> {
 /// while this one denies: one with a higher limit for a window of the same
 /// length. See [`Policy::shared`].
 fn mark_shared(routes: &mut [CompiledRoute]) {
-    let policies: Vec<(Box<str>, Arc<[Window]>)> = routes
-        .iter()
-        .flat_map(|r| r.rules.iter())
-        .filter_map(|r| r.policy.as_ref())
-        .map(|p| (p.budget.clone(), p.windows.clone()))
-        .collect();
+    // The highest limit of each window length, per budget: one pass over
+    // the table, however many rules share a budget.
+    let mut highest: HashMap<Box<str>, Vec<(u64, u32)>> = HashMap::new();
+    let policies = routes.iter().flat_map(|r| r.rules.iter());
+    for policy in policies.filter_map(|r| r.policy.as_ref()) {
+        let lengths = highest.entry(policy.budget.clone()).or_default();
+        for w in policy.windows.iter() {
+            match lengths.iter_mut().find(|(micros, _)| *micros == w.micros()) {
+                Some((_, limit)) => *limit = (*limit).max(w.limit()),
+                None => lengths.push((w.micros(), w.limit())),
+            }
+        }
+    }
     for rule in routes.iter_mut().flat_map(|r| r.rules.iter_mut()) {
         let Some(policy) = rule.policy.as_mut() else {
             continue;
         };
-        let higher = policies.iter().any(|(budget, windows)| {
-            *budget == policy.budget
-                && windows.iter().any(|w| {
-                    policy
-                        .windows
-                        .iter()
-                        .any(|own| own.micros() == w.micros() && own.limit() < w.limit())
-                })
+        let lengths = highest.get(&*policy.budget).map_or(&[][..], Vec::as_slice);
+        let higher = policy.windows.iter().any(|own| {
+            lengths
+                .iter()
+                .any(|&(micros, limit)| own.micros() == micros && own.limit() < limit)
         });
         // (Made just above, not shared yet: `get_mut` finds it alone. A
         // policy it missed would only keep its denials in the cache.)
@@ -1486,23 +1502,26 @@ struct RouteContext<'a> {
 /// group changes between requests would otherwise meet a state laid out
 /// for other windows, which the stores would read as nothing counted.
 fn split_by_group(rules: &mut [CompiledRule]) {
-    let shape = Policy::shape;
-    let mut differs: Vec<Box<str>> = Vec::new();
-    for (i, a) in rules.iter().enumerate() {
-        let Some(pa) = &a.policy else { continue };
-        for b in &rules[i + 1..] {
-            if let Some(pb) = &b.policy {
-                if pa.budget == pb.budget && shape(pa) != shape(pb) && !differs.contains(&pa.budget)
-                {
-                    differs.push(pa.budget.clone());
-                }
+    // (A budget is split when not all its rules count it alike: when one
+    // counts it otherwise than the first.)
+    let mut first: HashMap<&str, Shape> = HashMap::new();
+    let mut differs: HashSet<Box<str>> = HashSet::new();
+    for policy in rules.iter().filter_map(|r| r.policy.as_deref()) {
+        let shape = policy.shape();
+        match first.get(&*policy.budget) {
+            None => {
+                first.insert(&policy.budget, shape);
             }
+            Some(seen) if *seen != shape => {
+                differs.insert(policy.budget.clone());
+            }
+            Some(_) => {}
         }
     }
     for rule in rules.iter_mut() {
         let group = rule.group.as_str().to_owned();
         if let Some(policy) = rule.policy.as_mut().and_then(Arc::get_mut) {
-            if differs.contains(&policy.budget) {
+            if differs.contains(&*policy.budget) {
                 policy.budget =
                     format!("{}/{}", policy.budget, key::encode(group.as_bytes())).into();
             }
@@ -1514,7 +1533,7 @@ fn compile_rule(
     rule: &Rule,
     at: Location,
     route: &RouteContext<'_>,
-    earlier: &[CompiledRule],
+    earlier: &[&CompiledRule],
 ) -> Result<CompiledRule, ConfigError> {
     let fail = |field: Option<&str>, kind| {
         let mut at = at.clone();
