@@ -127,23 +127,53 @@ impl ConfigError {
     }
 }
 
+/// The longest line of a [`ConfigError`]'s message: a longer one (a
+/// megabyte-long pattern or line of a file, echoed by the parser) is cut,
+/// with how much was left out.
+const LONGEST_LINE: usize = 400;
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let full = Full(self).to_string();
+        for (i, line) in full.split('\n').enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            if line.len() <= LONGEST_LINE {
+                f.write_str(line)?;
+                continue;
+            }
+            let mut end = LONGEST_LINE;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            write!(f, "{}… ({} more bytes)", &line[..end], line.len() - end)?;
+        }
+        Ok(())
+    }
+}
+
+/// A [`ConfigError`]'s message, whole.
+struct Full<'a>(&'a ConfigError);
+
+impl fmt::Display for Full<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let this = self.0;
         f.write_str("invalid rate-limit configuration: ")?;
         let mut parts = Vec::new();
-        if let Some((i, pattern)) = &self.at.route {
+        if let Some((i, pattern)) = &this.at.route {
             parts.push(format!("route #{i} `{pattern}`"));
         }
-        if let Some((i, group)) = &self.at.rule {
+        if let Some((i, group)) = &this.at.rule {
             parts.push(format!("rule #{i} (group `{group}`)"));
         }
-        if let Some(field) = &self.at.field {
+        if let Some(field) = &this.at.field {
             parts.push(format!("field `{field}`"));
         }
         if !parts.is_empty() {
             write!(f, "{}: ", parts.join(", "))?;
         }
-        match &self.kind {
+        match &this.kind {
             ConfigErrorKind::InvalidRegex(e) => write!(f, "invalid regular expression: {e}"),
             ConfigErrorKind::InvalidLimit(n) => {
                 write!(
@@ -205,7 +235,7 @@ impl fmt::Display for ConfigError {
                 "`{}` refills at most one request per microsecond, so a window may allow at most as many requests as it is long in microseconds (use a longer window, or the sliding or fixed window)",
                 algorithm.as_str()
             ),
-            ConfigErrorKind::NoEffect => f.write_str(match self.at.field.as_deref() {
+            ConfigErrorKind::NoEffect => f.write_str(match this.at.field.as_deref() {
                 Some("block_time") => "has no effect here: a block time needs windows on its rule",
                 Some("global") => {
                     "has no effect here: a route-wide limit needs a rule with windows on its route"

@@ -752,3 +752,23 @@ fn empty_group_entries_are_rejected() {
         );
     }
 }
+
+/// A megabyte-long line or pattern is not echoed whole: every line of the
+/// message is cut at 400 bytes, saying how much was left out.
+#[test]
+fn a_huge_input_gets_a_short_error() {
+    let garbage = "x".repeat(1 << 20);
+    let pattern = format!("^/{}(", "a".repeat(1 << 20));
+    let inputs = [
+        garbage.clone(),
+        format!("[[routes]]\npath = \"{pattern}\"\nrules = [{{ minute = 1 }}]\n"),
+    ];
+    for text in inputs {
+        let error = tower_ratelimit::Config::from_toml(&text)
+            .unwrap_err()
+            .to_string();
+        assert!(error.len() < 4_000, "{} bytes", error.len());
+        assert!(error.lines().all(|l| l.len() <= 440), "{error}");
+        assert!(error.contains("more bytes)"), "{error}");
+    }
+}
