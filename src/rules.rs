@@ -1828,8 +1828,7 @@ struct RawWindows {
     hour: Option<RawLimit>,
     day: Option<RawLimit>,
     month: Option<RawLimit>,
-    #[serde(default)]
-    windows: Vec<RawWindow>,
+    windows: Option<Vec<RawWindow>>,
     limits: Option<String>,
 }
 
@@ -1848,8 +1847,7 @@ struct RawRule {
     hour: Option<RawLimit>,
     day: Option<RawLimit>,
     month: Option<RawLimit>,
-    #[serde(default)]
-    windows: Vec<RawWindow>,
+    windows: Option<Vec<RawWindow>>,
     limits: Option<String>,
 }
 
@@ -1934,7 +1932,14 @@ impl RawWindows {
                 rule.push_raw(name.to_owned(), Some(Duration::from_secs(secs)), limit);
             }
         }
-        for (i, w) in self.windows.into_iter().enumerate() {
+        if self.windows.as_ref().is_some_and(Vec::is_empty) {
+            rule.notation_error = Some((
+                "windows".to_owned(),
+                "`windows = []` holds no window (leave `windows` out for a rule without limits)"
+                    .to_owned(),
+            ));
+        }
+        for (i, w) in self.windows.into_iter().flatten().enumerate() {
             // Exactly one of `seconds` and `millis`; anything else is
             // reported against this window by the builder.
             let duration = match (w.seconds, w.millis) {

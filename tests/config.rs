@@ -772,3 +772,21 @@ fn a_huge_input_gets_a_short_error() {
         assert!(error.contains("more bytes)"), "{error}");
     }
 }
+
+/// `windows = []` names no window: refused, as `limits = ""` is, rather
+/// than read as a rule without limits.
+#[test]
+fn an_empty_windows_list_is_refused() {
+    let err = Config::from_toml(
+        "[[routes]]\npath = \"^/api\"\nrules = [{ group = \"g\", windows = [] }]\n",
+    )
+    .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::LimitText(_)), "{err}");
+    assert_eq!(err.rule(), Some((0, "g")), "{err}");
+    assert_eq!(err.field(), Some("windows"), "{err}");
+    assert!(err.to_string().contains("holds no window"), "{err}");
+    // Left out, the rule has no limits.
+    let config =
+        Config::from_toml("[[routes]]\npath = \"^/api\"\nrules = [{ group = \"g\" }]\n").unwrap();
+    assert_eq!(config.rules().len(), 1);
+}
