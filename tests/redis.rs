@@ -187,6 +187,16 @@ fn keys(port: u16, prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// On a route of one request a second, `user`'s first request passes and
+/// the second is limited (429, with the headers): `store` decides.
+async fn passes_once_then_limits(store: RedisStore, user: &str) {
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    assert_eq!(app.get("/a", user).await.status, StatusCode::OK);
+    let denied = app.get("/a", user).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.limited());
+}
+
 fn one_route(rule: Rule) -> Rules {
     Rules::builder().route("^/a", [rule]).build().unwrap()
 }
@@ -2604,11 +2614,7 @@ async fn a_store_over_tls_decides_and_verifies_the_server() {
         .build()
         .await
         .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), store);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    let denied = app.get("/a", "u").await;
-    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(denied.limited());
+    passes_once_then_limits(store, "u").await;
 
     // The system's roots do not know the private CA.
     let unknown = RedisStore::builder().url(&url).build().await.unwrap_err();
@@ -2697,11 +2703,7 @@ async fn a_cluster_store_over_tls_decides() {
         .build()
         .await
         .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), store);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    let denied = app.get("/a", "u").await;
-    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(denied.limited());
+    passes_once_then_limits(store, "u").await;
 }
 
 /// A master reached over TLS through sentinels reached over TLS (the
@@ -2724,11 +2726,7 @@ async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
         .build()
         .await
         .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), store);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    let denied = app.get("/a", "u").await;
-    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(denied.limited());
+    passes_once_then_limits(store, "u").await;
 
     // The system's roots do not know the private CA.
     let unverified = RedisStore::builder()
@@ -2749,9 +2747,7 @@ async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
         .build()
         .await
         .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), insecure);
-    assert_eq!(app.get("/a", "v").await.status, StatusCode::OK);
-    assert!(app.get("/a", "v").await.limited());
+    passes_once_then_limits(insecure, "v").await;
 
     // The sentinels are asked over TLS with the CA too: one whose name
     // they do not know is refused by name.
@@ -2828,9 +2824,7 @@ async fn a_sentinel_store_presents_its_client_certificate() {
         .build()
         .await
         .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), store);
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    assert!(app.get("/a", "u").await.limited());
+    passes_once_then_limits(store, "u").await;
 
     let refused = RedisStore::builder()
         .sentinel([url], "mymaster")
