@@ -372,6 +372,9 @@ fn warn_about(config: &Config) {
     if config.rules().is_empty() {
         tracing::warn!("the configuration has no routes: no request is limited");
     }
+    for warning in config.rules().warnings() {
+        tracing::warn!("{warning}");
+    }
     // (By group and count: the keys are secrets, not for the logs.)
     let mut unruled = BTreeMap::<&str, usize>::new();
     for (_, group) in config.groups_without_rules() {

@@ -153,6 +153,25 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// `route #1 `^/a`, rule #0 (group `g`), field `method`: `, or nothing
+/// for a table-wide finding.
+fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
+    let mut parts = Vec::new();
+    if let Some((i, pattern)) = &at.route {
+        parts.push(format!("route #{i} `{pattern}`"));
+    }
+    if let Some((i, group)) = &at.rule {
+        parts.push(format!("rule #{i} (group `{group}`)"));
+    }
+    if let Some(field) = &at.field {
+        parts.push(format!("field `{field}`"));
+    }
+    if parts.is_empty() {
+        return Ok(());
+    }
+    write!(f, "{}: ", parts.join(", "))
+}
+
 /// A [`ConfigError`]'s message, whole.
 struct Full<'a>(&'a ConfigError);
 
@@ -160,19 +179,7 @@ impl fmt::Display for Full<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let this = self.0;
         f.write_str("invalid rate-limit configuration: ")?;
-        let mut parts = Vec::new();
-        if let Some((i, pattern)) = &this.at.route {
-            parts.push(format!("route #{i} `{pattern}`"));
-        }
-        if let Some((i, group)) = &this.at.rule {
-            parts.push(format!("rule #{i} (group `{group}`)"));
-        }
-        if let Some(field) = &this.at.field {
-            parts.push(format!("field `{field}`"));
-        }
-        if !parts.is_empty() {
-            write!(f, "{}: ", parts.join(", "))?;
-        }
+        write_location(f, &this.at)?;
         match &this.kind {
             ConfigErrorKind::InvalidRegex(e) => write!(f, "invalid regular expression: {e}"),
             ConfigErrorKind::InvalidLimit(n) => {
@@ -260,6 +267,111 @@ impl StdError for ConfigError {
         match &self.kind {
             ConfigErrorKind::InvalidRegex(e) => Some(e),
             _ => None,
+        }
+    }
+}
+
+/// Something a valid rule table most likely does not mean, found when it
+/// was built: see [`Rules::warnings`](crate::Rules::warnings). Says which
+/// route, rule and field, as a [`ConfigError`] does.
+///
+/// ```
+/// use tower_ratelimit::{ConfigWarningKind, Rule, Rules};
+///
+/// let rules = Rules::builder()
+///     .route("^/api", [Rule::new().method("GETT").second(5)])
+///     .build()?;
+/// let warning = &rules.warnings()[0];
+/// assert_eq!(warning.field(), Some("method"));
+/// assert!(matches!(
+///     warning.kind(),
+///     ConfigWarningKind::UnusualMethod { nearest: Some("GET"), .. }
+/// ));
+/// assert!(warning.to_string().contains("did you mean `GET`?"));
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigWarning {
+    at: Location,
+    kind: ConfigWarningKind,
+}
+
+/// What a [`ConfigWarning`] is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigWarningKind {
+    /// A method (of a rule or of `exclude.methods`) that is a valid token
+    /// but none of HTTP's standard methods: it applies only to requests
+    /// sent with exactly that method. Right for an extension method
+    /// (WebDAV's `PROPFIND`); for a typo (`GETT`), the rule limits nothing.
+    UnusualMethod {
+        /// The method, in capitals.
+        method: String,
+        /// The standard method one or two letters away, if any.
+        nearest: Option<&'static str>,
+    },
+    /// Every path the route matches is excluded by `exclude.paths[i]`
+    /// (the index and pattern given), so its rules never apply (but to a
+    /// path that spells the excluded part percent-encoded, which is
+    /// excluded only when both spellings are, see
+    /// [`decode_path`](crate::rules::decode_path)).
+    ExcludedRoute {
+        /// The exclusion's index in `exclude.paths`.
+        exclusion: usize,
+        /// The exclusion's pattern.
+        pattern: String,
+    },
+    /// Every method the rule applies to is excluded (`exclude.methods`),
+    /// so it never applies.
+    ExcludedMethod(String),
+}
+
+impl ConfigWarning {
+    pub(crate) fn new(at: Location, kind: ConfigWarningKind) -> Self {
+        Self { at, kind }
+    }
+
+    /// What the warning is about.
+    pub fn kind(&self) -> &ConfigWarningKind {
+        &self.kind
+    }
+
+    /// The index and path pattern of the route, when the warning is about
+    /// one route.
+    pub fn route(&self) -> Option<(usize, &str)> {
+        self.at.route.as_ref().map(|(i, p)| (*i, p.as_str()))
+    }
+
+    /// The index and group of the rule within its route.
+    pub fn rule(&self) -> Option<(usize, &str)> {
+        self.at.rule.as_ref().map(|(i, g)| (*i, g.as_str()))
+    }
+
+    /// The field (`method`, `exclude.methods[0]`, ...).
+    pub fn field(&self) -> Option<&str> {
+        self.at.field.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_location(f, &self.at)?;
+        match &self.kind {
+            ConfigWarningKind::UnusualMethod { method, nearest } => {
+                write!(f, "`{method}` is not a standard HTTP method, so only requests sent with exactly `{method}` are concerned")?;
+                match nearest {
+                    Some(m) => write!(f, "; did you mean `{m}`?"),
+                    None => f.write_str(" (right for an extension method, such as WebDAV's)"),
+                }
+            }
+            ConfigWarningKind::ExcludedRoute { exclusion, pattern } => write!(
+                f,
+                "every path this route matches is excluded by exclude.paths[{exclusion}] `{pattern}`, so its rules never apply"
+            ),
+            ConfigWarningKind::ExcludedMethod(method) => write!(
+                f,
+                "`{method}` is excluded (exclude.methods), so this rule never applies"
+            ),
         }
     }
 }

@@ -121,7 +121,7 @@ pub(crate) fn cold_path() {
 pub use http;
 
 pub use body::{RateLimitBody, SameBody};
-pub use error::{ConfigError, ConfigErrorKind};
+pub use error::{ConfigError, ConfigErrorKind, ConfigWarning, ConfigWarningKind};
 pub use layer::{FailMode, RateLimitLayer, ReloadableRules, RuleSource, DEFAULT_DENIAL_CACHE};
 pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder, Window};
 pub use service::{RateLimit, ResponseFuture};

@@ -47,7 +47,7 @@ use regex_automata::{Input, PatternSet};
 use serde::Deserialize;
 
 use crate::clock::duration_micros;
-use crate::error::{ConfigError, ConfigErrorKind, Location};
+use crate::error::{ConfigError, ConfigErrorKind, ConfigWarning, ConfigWarningKind, Location};
 use crate::key;
 
 /// The most windows one rule may have.
@@ -827,6 +827,7 @@ struct RulesInner {
     exclude_methods: Box<[Method]>,
     shadow: bool,
     headers: HeaderMode,
+    warnings: Box<[ConfigWarning]>,
 }
 
 impl RulesInner {
@@ -945,6 +946,29 @@ impl Rules {
     /// The headers the table asks for.
     pub fn headers(&self) -> HeaderMode {
         self.inner.headers
+    }
+
+    /// What in this valid table is most likely not meant, found when it
+    /// was built: a method that is no standard one (`GETT`), a route every
+    /// path of which is excluded (`^/health/deep` under an exclusion
+    /// `^/health`), a rule whose method is excluded. Servers should log
+    /// them at start-up and after each reload (the example server does).
+    ///
+    /// ```
+    /// use tower_ratelimit::{ConfigWarningKind, Rule, Rules};
+    ///
+    /// let rules = Rules::builder()
+    ///     .exclude_path("^/health")
+    ///     .route("^/health/deep", [Rule::new().second(1)])
+    ///     .route("^/api", [Rule::new().second(5)])
+    ///     .build()?;
+    /// let [warning] = rules.warnings() else { panic!() };
+    /// assert_eq!(warning.route(), Some((0, "^/health/deep")));
+    /// assert!(matches!(warning.kind(), ConfigWarningKind::ExcludedRoute { exclusion: 0, .. }));
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn warnings(&self) -> &[ConfigWarning] {
+        &self.inner.warnings
     }
 
     /// The routes whose pattern matches the request; `None` when none does,
@@ -1426,6 +1450,7 @@ impl RulesBuilder {
             .iter()
             .map(|r| literal_prefix(&r.pattern).map(Box::from))
             .collect::<Option<Box<[Box<str>]>>>();
+        let warnings = warnings(&routes, &self.exclude_paths, &exclude_methods);
         Ok(Rules {
             inner: Arc::new(RulesInner {
                 set,
@@ -1435,9 +1460,138 @@ impl RulesBuilder {
                 exclude_methods: exclude_methods.into_boxed_slice(),
                 shadow: self.shadow,
                 headers: self.headers,
+                warnings: warnings.into_boxed_slice(),
             }),
         })
     }
+}
+
+/// HTTP's standard methods (RFC 9110 and PATCH).
+const STANDARD_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// The warnings of a valid table: see [`Rules::warnings`].
+fn warnings(
+    routes: &[CompiledRoute],
+    exclude_paths: &[String],
+    exclude_methods: &[Method],
+) -> Vec<ConfigWarning> {
+    let mut found = Vec::new();
+    let unusual = |method: &Method| {
+        let name = method.as_str();
+        (!STANDARD_METHODS.contains(&name)).then(|| ConfigWarningKind::UnusualMethod {
+            method: name.to_owned(),
+            nearest: STANDARD_METHODS
+                .iter()
+                .map(|m| (edit_distance(m, name), *m))
+                .filter(|(d, _)| *d <= 2)
+                .min()
+                .map(|(_, m)| m),
+        })
+    };
+    for (i, method) in exclude_methods.iter().enumerate() {
+        if let Some(kind) = unusual(method) {
+            let at = Location {
+                field: Some(format!("exclude.methods[{i}]")),
+                ..Location::default()
+            };
+            found.push(ConfigWarning::new(at, kind));
+        }
+    }
+    let excluded = |method: &Method| exclude_methods.iter().any(|x| applies(x, method));
+    for (ri, route) in routes.iter().enumerate() {
+        let at_route = Location {
+            route: Some((ri, route.pattern.to_string())),
+            ..Location::default()
+        };
+        if let Some(i) = exclude_paths
+            .iter()
+            .position(|x| always_excluded(&route.pattern, x))
+        {
+            let kind = ConfigWarningKind::ExcludedRoute {
+                exclusion: i,
+                pattern: exclude_paths[i].clone(),
+            };
+            found.push(ConfigWarning::new(at_route.clone(), kind));
+        }
+        for (i, rule) in route.rules.iter().enumerate() {
+            let Some(method) = &rule.method else {
+                continue;
+            };
+            let at = Location {
+                rule: Some((i, rule.group.as_str().to_owned())),
+                field: Some("method".to_owned()),
+                ..at_route.clone()
+            };
+            // (A `GET` rule applies to `HEAD` too.)
+            if excluded(method) && (*method != Method::GET || excluded(&Method::HEAD)) {
+                let kind = ConfigWarningKind::ExcludedMethod(method.as_str().to_owned());
+                found.push(ConfigWarning::new(at, kind));
+            } else if let Some(kind) = unusual(method) {
+                found.push(ConfigWarning::new(at, kind));
+            }
+        }
+    }
+    found
+}
+
+/// Whether every path `route` matches (as sent) is matched by `exclusion`:
+/// the same pattern, or an exclusion that is a plain literal (`^/health`,
+/// or `/internal/` anywhere) which every match of the route starts with
+/// (anchored) or contains (not anchored). Found from the route's literal
+/// prefixes, so a route this cannot tell is not reported.
+fn always_excluded(route: &str, exclusion: &str) -> bool {
+    use regex_syntax::hir::literal::{ExtractKind, Extractor};
+    use regex_syntax::hir::Look;
+    if route == exclusion {
+        return true;
+    }
+    let (anchored, literal) = match literal_prefix(exclusion) {
+        Some(literal) => (true, literal),
+        None if !exclusion.is_empty() && literal_prefix(&format!("^{exclusion}")).is_some() => {
+            (false, exclusion)
+        }
+        None => return false,
+    };
+    let Ok(hir) = regex_syntax::Parser::new().parse(route) else {
+        return false;
+    };
+    let starts = hir.properties().look_set_prefix().contains(Look::Start);
+    if anchored && !starts {
+        return false;
+    }
+    let prefixes = Extractor::new().kind(ExtractKind::Prefix).extract(&hir);
+    let literal = literal.as_bytes();
+    prefixes.literals().is_some_and(|all| {
+        !all.is_empty()
+            && all.iter().all(|prefix| {
+                let bytes = prefix.as_bytes();
+                if anchored {
+                    bytes.starts_with(literal)
+                } else {
+                    bytes.windows(literal.len()).any(|w| w == literal)
+                }
+            })
+    })
+}
+
+/// The Levenshtein distance of two short ASCII words.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// The literal of a pattern that is `^` followed by plain characters only
@@ -1679,7 +1833,8 @@ fn compile_rule(
 /// ```
 ///
 /// Fields of a rule: `group` (default `"default"`), `method`, `zone`,
-/// `algorithm`, `block_time` (seconds), `second`, `minute`, `hour`, `day`,
+/// `algorithm`, `block_time` (seconds, or a duration with its unit:
+/// `"5m"`, `"90s"`, `"1h 30m"`, `"500ms"`), `second`, `minute`, `hour`, `day`,
 /// `month`, `limits = "5/second; 100 per minute"` (Flask-Limiter's notation) and
 /// `windows = [{ seconds = 10, limit = 5 }]` (`millis` instead of `seconds`
 /// for sub-second windows). A route has `path`, `rules`, `global` (window
@@ -1839,7 +1994,7 @@ struct RawRule {
     method: Option<String>,
     zone: Option<String>,
     algorithm: Option<Algorithm>,
-    block_time: Option<f64>,
+    block_time: Option<RawBlockTime>,
     // The window fields of `RawWindows` (serde's `flatten` cannot be combined
     // with `deny_unknown_fields`).
     second: Option<RawLimit>,
@@ -1884,6 +2039,109 @@ impl<'de> Deserialize<'de> for RawSeconds {
         }
         d.deserialize_u64(Visitor)
     }
+}
+
+/// A rule's `block_time`: a number of seconds (`300`, `0.5`) or a duration
+/// with its unit (`"5m"`, `"90s"`, `"1h 30m"`, `"500ms"`). A negative, NaN
+/// or huge number becomes a zero duration, which the builder reports
+/// against `block_time` (as it does one out of range); text that is not a
+/// duration is an error that says how to write one.
+struct RawBlockTime(Duration);
+
+impl<'de> Deserialize<'de> for RawBlockTime {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawBlockTime;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a block time: {BLOCK_TIME_FORMS}")
+            }
+            fn visit_f64<E: serde::de::Error>(self, secs: f64) -> Result<RawBlockTime, E> {
+                Ok(RawBlockTime(
+                    Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO),
+                ))
+            }
+            fn visit_i64<E: serde::de::Error>(self, secs: i64) -> Result<RawBlockTime, E> {
+                Ok(RawBlockTime(
+                    u64::try_from(secs).map_or(Duration::ZERO, Duration::from_secs),
+                ))
+            }
+            fn visit_u64<E: serde::de::Error>(self, secs: u64) -> Result<RawBlockTime, E> {
+                Ok(RawBlockTime(Duration::from_secs(secs)))
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<RawBlockTime, E> {
+                parse_duration(text).map(RawBlockTime).map_err(|why| {
+                    E::custom(format_args!(
+                        "`{}` is not a block time ({why}): write {BLOCK_TIME_FORMS}",
+                        text.escape_debug()
+                    ))
+                })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// How a block time is written, for its errors.
+const BLOCK_TIME_FORMS: &str = "a number of seconds (`block_time = 300`) or a duration with its unit (`block_time = \"5m\"`, `\"90s\"`, `\"1h 30m\"`, `\"500ms\"`)";
+
+/// A duration written with units, as durations are in Go, systemd or
+/// humantime: numbers each followed by a unit (`5m`, `1h 30m`, `1.5s`,
+/// `500ms`; a lone number is seconds). Units are those of a limit text
+/// (see [`Rule::limits`]), and `m` for minutes. The total must be a whole
+/// number of milliseconds; a total of zero is returned as zero, for the
+/// caller's range check to report.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err("it is empty".to_owned());
+    }
+    if let Ok(secs) = rest.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total: u64 = 0;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | ',')))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        if number.is_empty() {
+            return Err(format!("expected a number at `{}`", after.escape_debug()));
+        }
+        let after = after.trim_start();
+        let unit_len = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let unit = unit.to_ascii_lowercase();
+        let unit_ms = match unit.as_str() {
+            "m" => 60_000,
+            u => unit_ms(u).ok_or_else(|| {
+                if u.is_empty() {
+                    format!("`{number}` has no unit (ms, s, m, h, d)")
+                } else {
+                    format!("unknown unit `{}` (ms, s, m, h, d)", u.escape_debug())
+                }
+            })?,
+        };
+        let (whole, fraction) = number.split_once(['.', ',']).unwrap_or((number, ""));
+        if fraction.contains(['.', ',']) {
+            return Err(format!("`{number}` is not a number"));
+        }
+        let ms = match decimal_times(number, unit_ms) {
+            Some(ms) => ms,
+            // (Longer than any block: the range check reports it.)
+            None if decimal_times(whole, unit_ms).is_none() => u64::MAX,
+            None => {
+                return Err(format!(
+                    "`{number}{unit}` is not a whole number of milliseconds"
+                ))
+            }
+        };
+        total = total.saturating_add(ms);
+        rest = after.trim_start();
+    }
+    Ok(Duration::from_millis(total))
 }
 
 /// A limit as a configuration file writes it: any integer (a zero or
@@ -1961,11 +2219,7 @@ impl RawRule {
         rule.method = self.method.map(|m| m.to_ascii_uppercase());
         rule.zone = self.zone;
         rule.algorithm = self.algorithm.unwrap_or_default();
-        // A negative, NaN or huge block time becomes a zero duration, which
-        // the builder reports against `block_time`.
-        rule.block_time = self
-            .block_time
-            .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO));
+        rule.block_time = self.block_time.map(|RawBlockTime(d)| d);
         let limits = RawWindows {
             second: self.second,
             minute: self.minute,

@@ -34,6 +34,7 @@ fn the_documented_example_loads() {
 fn the_example_config_loads() {
     let config = Config::from_toml(include_str!("../examples/ratelimit.toml")).unwrap();
     assert_eq!(config.rules().len(), 8);
+    assert_eq!(config.rules().warnings(), []);
     assert_eq!(
         config.groups().get("partner-key").map(String::as_str),
         Some("partner")
@@ -789,4 +790,174 @@ fn an_empty_windows_list_is_refused() {
     let config =
         Config::from_toml("[[routes]]\npath = \"^/api\"\nrules = [{ group = \"g\" }]\n").unwrap();
     assert_eq!(config.rules().len(), 1);
+}
+
+/// A `block_time` that is not a duration says how to write one; one out of
+/// range (zero, negative, beyond 10 years) is refused by the range check.
+#[test]
+fn a_block_time_that_is_not_a_duration_says_how_to_write_one() {
+    let load = |form: &str| {
+        Config::from_toml(&format!(
+            "[[routes]]\npath = \"^/a\"\nrules = [{{ second = 1, block_time = {form} }}]\n"
+        ))
+    };
+    for (form, why) in [
+        ("\"5 fortnights\"", "unknown unit `fortnights`"),
+        ("\"5 m 3\"", "`3` has no unit"),
+        ("\"1.2.3s\"", "`1.2.3` is not a number"),
+        ("\"m\"", "expected a number at `m`"),
+        ("\"-5m\"", "expected a number at `-5m`"),
+        ("\"\"", "it is empty"),
+        ("\"1.0005s\"", "not a whole number of milliseconds"),
+        ("true", "invalid type: boolean"),
+    ] {
+        let err = load(form).unwrap_err().to_string();
+        assert!(err.contains(why), "{form}: {err}");
+        assert!(err.contains("or a duration with its unit"), "{form}: {err}");
+    }
+    for form in [
+        "0",
+        "-5",
+        "\"0s\"",
+        "\"3661d\"",
+        "1e300",
+        "\"99999999999999999999h\"",
+    ] {
+        let err = load(form).err().unwrap_or_else(|| panic!("{form} loaded"));
+        assert_eq!(err.field(), Some("block_time"), "{form}: {err}");
+    }
+}
+
+/// A valid table's warnings: a method that is no standard one (with the
+/// standard one a typo most likely meant), a route every path of which is
+/// excluded, a rule whose method is excluded. A clean table has none.
+#[test]
+fn warnings_name_what_is_most_likely_not_meant() {
+    use tower_ratelimit::ConfigWarningKind;
+    let clean = Rules::builder()
+        .exclude_path("^/health")
+        .exclude_method("OPTIONS")
+        .route("^/api", [Rule::new().method("post").second(1)])
+        .route("^/he", [Rule::new().second(1)])
+        .route("^/(health|status)", [Rule::new().second(1)])
+        .route("/health/deep", [Rule::new().second(1)])
+        .route("(?i)^/health/x", [Rule::new().second(1)])
+        .route("^/g", [Rule::new().method("GET").second(1)])
+        .build()
+        .unwrap();
+    assert_eq!(clean.warnings(), []);
+    assert_eq!(clean.len(), 6);
+
+    // Routes under an exclusion.
+    let excluded = |route: &str, exclusion: &str| {
+        let rules = Rules::builder()
+            .exclude_path("^/other")
+            .exclude_path(exclusion)
+            .route(route, [Rule::new().second(1)])
+            .build()
+            .unwrap();
+        match rules.warnings() {
+            [] => false,
+            [w] => {
+                assert_eq!(w.route(), Some((0, route)));
+                assert_eq!(
+                    w.kind(),
+                    &ConfigWarningKind::ExcludedRoute {
+                        exclusion: 1,
+                        pattern: exclusion.to_owned()
+                    }
+                );
+                assert!(w.to_string().contains("so its rules never apply"), "{w}");
+                true
+            }
+            more => panic!("{more:?}"),
+        }
+    };
+    for (route, exclusion) in [
+        ("^/health/deep", "^/health"),
+        ("^/health(/.*)?$", "^/health"),
+        ("^/healthz", "^/health"),
+        ("^/(health|healthz)/x", "^/health"),
+        ("^/api/internal/x", "/internal/"),
+        ("/internal/x", "/internal/"),
+        ("^/a.*b$", "^/a.*b$"),
+    ] {
+        assert!(excluded(route, exclusion), "{route} under {exclusion}");
+    }
+    for (route, exclusion) in [
+        ("^/he", "^/health"),
+        ("^/healt[hz]", "^/health"),
+        ("^/health|^/x", "^/health"),
+        ("/health/x", "^/health"),
+        ("^/a.*b$", "^/a.*c$"),
+        ("^/api/internal", "/internal/"),
+    ] {
+        assert!(!excluded(route, exclusion), "{route} under {exclusion}");
+    }
+
+    // Methods.
+    let rules = Rules::builder()
+        .exclude_method("PSOT")
+        .exclude_method("options")
+        .exclude_method("HEAD")
+        .route(
+            "^/a",
+            [
+                Rule::group("typo").method("gett").second(1),
+                Rule::group("dav").method("PROPFIND").second(1),
+                Rule::group("pre").method("OPTIONS").second(1),
+                // (HEAD excluded, GET not: a GET rule still limits GETs.)
+                Rule::group("get").method("GET").second(1),
+                Rule::group("head").method("HEAD").second(1),
+            ],
+        )
+        .build()
+        .unwrap();
+    let found: Vec<_> = rules
+        .warnings()
+        .iter()
+        .map(|w| (w.rule().map(|(_, g)| g), w.field(), w.kind().clone()))
+        .collect();
+    let unusual = |method: &str, nearest| ConfigWarningKind::UnusualMethod {
+        method: method.to_owned(),
+        nearest,
+    };
+    assert_eq!(
+        found,
+        [
+            (
+                None,
+                Some("exclude.methods[0]"),
+                unusual("PSOT", Some("POST"))
+            ),
+            (Some("typo"), Some("method"), unusual("GETT", Some("GET"))),
+            (Some("dav"), Some("method"), unusual("PROPFIND", None)),
+            (
+                Some("pre"),
+                Some("method"),
+                ConfigWarningKind::ExcludedMethod("OPTIONS".to_owned())
+            ),
+            (
+                Some("head"),
+                Some("method"),
+                ConfigWarningKind::ExcludedMethod("HEAD".to_owned())
+            ),
+        ]
+    );
+    let shown: Vec<String> = rules.warnings().iter().map(|w| w.to_string()).collect();
+    assert_eq!(
+        shown[1],
+        "route #0 `^/a`, rule #0 (group `typo`), field `method`: `GETT` is not a standard HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?"
+    );
+    assert!(shown[2].ends_with("(right for an extension method, such as WebDAV's)"));
+    // Excluding GET excludes HEAD too: a HEAD rule never applies.
+    let rules = Rules::builder()
+        .exclude_method("GET")
+        .route("^/a", [Rule::new().method("HEAD").second(1)])
+        .build()
+        .unwrap();
+    assert_eq!(
+        rules.warnings()[0].kind(),
+        &ConfigWarningKind::ExcludedMethod("HEAD".to_owned())
+    );
 }

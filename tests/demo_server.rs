@@ -823,6 +823,24 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     log.until("WARN no rule names group `ghost`, which [groups] gives 2 key(s)")
         .await;
 
+    // A method typo and a route under an exclusion: valid, warned about.
+    rewrite(
+        &file,
+        "[exclude]\npaths = [\"^/health\"]\n\n\
+         [[routes]]\npath = \"^/health/deep\"\nrules = [{ minute = 1 }]\n\n\
+         [[routes]]\npath = \"^/b\"\nrules = [{ method = \"gett\", minute = 1 }]\n",
+    );
+    log.until(&format!("INFO reloaded {}: 2 routes\n", file.path()))
+        .await;
+    log.until(
+        "WARN route #0 `^/health/deep`: every path this route matches is excluded by exclude.paths[0] `^/health`, so its rules never apply\n",
+    )
+    .await;
+    log.until(
+        "WARN route #1 `^/b`, rule #0 (group `default`), field `method`: `GETT` is not a standard HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?\n",
+    )
+    .await;
+
     // One route: "1 route".
     rewrite(
         &file,

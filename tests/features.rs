@@ -664,6 +664,36 @@ async fn a_denial_on_a_route_with_a_route_wide_limit_is_not_cached() {
     assert_eq!(store.calls(), 4);
 }
 
+/// A configuration file's `block_time` is seconds or a duration with its
+/// unit: each form blocks for what it says (`Retry-After` rounds up).
+#[tokio::test]
+async fn a_block_time_is_read_in_seconds_or_with_a_unit() {
+    let forms = [
+        ("300", 300),
+        ("0.5", 1),
+        ("\"300\"", 300),
+        ("\"5m\"", 300),
+        ("\"90s\"", 90),
+        ("\"1h 30m\"", 5_400),
+        ("\"1h30m\"", 5_400),
+        ("\"2.5s\"", 3),
+        ("\"1500ms\"", 2),
+        ("\"2 minutes\"", 120),
+        ("\"1D\"", 86_400),
+    ];
+    for (form, seconds) in forms {
+        let rules = tower_ratelimit::Rules::from_toml(&format!(
+            "[[routes]]\npath = \"^/a\"\nrules = [{{ second = 1, block_time = {form} }}]\n"
+        ))
+        .unwrap_or_else(|e| panic!("{form}: {e}"));
+        let app = App::new(rules, MemoryStore::new());
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        let blocked = app.get("/a", "u").await;
+        assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS, "{form}");
+        assert_eq!(blocked.number("retry-after"), seconds, "{form}");
+    }
+}
+
 /// A block is cached whatever the windows and the header mode: it holds
 /// every window (the user's and the route's) at nothing left until it
 /// ends, so its replay is exact and the store is not asked again.
