@@ -19,6 +19,10 @@ pub(crate) struct Location {
 pub enum ConfigErrorKind {
     /// A route's path pattern is not a valid regular expression.
     InvalidRegex(regex::Error),
+    /// A path pattern is longer than
+    /// [`MAX_PATTERN_LEN`](crate::rules::MAX_PATTERN_LEN) bytes (its length
+    /// given).
+    PatternTooLong(usize),
     /// A limit is zero, negative or above `u32::MAX`; a rule without
     /// limits is written by leaving every window out.
     InvalidLimit(i64),
@@ -132,6 +136,9 @@ impl ConfigError {
 /// with how much was left out.
 const LONGEST_LINE: usize = 400;
 
+/// The most of a route's pattern a message shows.
+const LONGEST_PATTERN: usize = 120;
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let full = Full(self).to_string();
@@ -158,7 +165,19 @@ impl fmt::Display for ConfigError {
 fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
     let mut parts = Vec::new();
     if let Some((i, pattern)) = &at.route {
-        parts.push(format!("route #{i} `{pattern}`"));
+        // (A long pattern is cut, so that what is wrong with it stays on
+        // the line: see `LONGEST_LINE`.)
+        let mut end = pattern.len().min(LONGEST_PATTERN);
+        while !pattern.is_char_boundary(end) {
+            end -= 1;
+        }
+        match pattern.len() - end {
+            0 => parts.push(format!("route #{i} `{pattern}`")),
+            more => parts.push(format!(
+                "route #{i} `{}…` ({more} more bytes)",
+                &pattern[..end]
+            )),
+        }
     }
     if let Some((i, group)) = &at.rule {
         parts.push(format!("rule #{i} (group `{group}`)"));
@@ -182,6 +201,11 @@ impl fmt::Display for Full<'_> {
         write_location(f, &this.at)?;
         match &this.kind {
             ConfigErrorKind::InvalidRegex(e) => write!(f, "invalid regular expression: {e}"),
+            ConfigErrorKind::PatternTooLong(len) => write!(
+                f,
+                "the pattern is {len} bytes long, more than a path pattern may be ({} bytes)",
+                crate::rules::MAX_PATTERN_LEN
+            ),
             ConfigErrorKind::InvalidLimit(n) => {
                 write!(
                     f,

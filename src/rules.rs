@@ -895,21 +895,21 @@ impl Rules {
     /// shared.
     pub(crate) fn renumbered(&self) -> Rules {
         let mut inner = RulesInner::clone(&self.inner);
-        let mut renamed: Vec<(*const Policy, Arc<Policy>)> = Vec::new();
+        let mut renamed: HashMap<*const Policy, Arc<Policy>> = HashMap::new();
         for route in inner.routes.iter_mut() {
             for rule in route.rules.iter_mut() {
                 let Some(policy) = rule.policy.as_mut() else {
                     continue;
                 };
                 let old = Arc::as_ptr(policy);
-                if let Some((_, new)) = renamed.iter().find(|(was, _)| *was == old) {
+                if let Some(new) = renamed.get(&old) {
                     *policy = new.clone();
                     continue;
                 }
                 let mut new = Policy::clone(policy);
                 new.id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let new = Arc::new(new);
-                renamed.push((old, new.clone()));
+                renamed.insert(old, new.clone());
                 *policy = new;
             }
         }
@@ -1241,6 +1241,13 @@ impl RulesBuilder {
         // The shape of each zone's first rule with limits.
         let mut zones: BTreeMap<&str, Shape> = BTreeMap::new();
         let mut patterns: BTreeMap<&str, usize> = BTreeMap::new();
+        // (Only a plain exclusion can be found to cover a route, from the
+        // route's literal prefixes: see `Rules::warnings`.)
+        let plain_exclusions = self
+            .exclude_paths
+            .iter()
+            .any(|x| plain_exclusion(x).is_some());
+        let mut route_prefixes = Vec::with_capacity(self.routes.len());
         for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
                 route: Some((ri, route.pattern.clone())),
@@ -1249,9 +1256,16 @@ impl RulesBuilder {
             if route.pattern.is_empty() {
                 return Err(ConfigError::new(at_route, ConfigErrorKind::EmptyPattern));
             }
-            if let Err(e) = regex::Regex::new(&route.pattern) {
-                return Err(ConfigError::new(at_route, ConfigErrorKind::InvalidRegex(e)));
-            }
+            // (Parsed only: every pattern is compiled once, into the set
+            // below; compiling each alone too took most of a large table's
+            // build.)
+            let hir = check_pattern(&route.pattern)
+                .map_err(|kind| ConfigError::new(at_route.clone(), kind))?;
+            route_prefixes.push(if plain_exclusions {
+                RoutePrefixes::of(&hir)
+            } else {
+                None
+            });
             // Budget keys are named after the pattern: two routes with one
             // pattern would share them, whatever their rules.
             if patterns.insert(&route.pattern, ri).is_some() {
@@ -1383,48 +1397,17 @@ impl RulesBuilder {
             });
         }
         mark_shared(&mut routes);
-        // Every pattern compiled alone above, so only size limits can fail
-        // here; they are reported as a parse error of the whole table. (The
-        // set reports every pattern that matches anywhere in the path only
-        // with `MatchKind::All`: under the default leftmost-first semantics
-        // an overlapping search stops at the first pattern's match and
-        // misses routes that match later in the path or end later.)
-        let set = regex_automata::meta::Regex::builder()
-            .configure(
-                regex_automata::meta::Config::new().match_kind(regex_automata::MatchKind::All),
-            )
-            .build_many(
-                &self
-                    .routes
-                    .iter()
-                    .map(|r| r.pattern.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .map_err(|e| {
-                ConfigError::new(
-                    Location::default(),
-                    ConfigErrorKind::Parse(format!(
-                        "the route patterns together are too large: {e}"
-                    )),
-                )
-            })?;
+        let set = route_set(&self.routes)?;
         let exclude_at = |field: String| Location {
             field: Some(field),
             ..Location::default()
         };
         for (i, pattern) in self.exclude_paths.iter().enumerate() {
+            let at = || exclude_at(format!("exclude.paths[{i}]"));
             if pattern.is_empty() {
-                return Err(ConfigError::new(
-                    exclude_at(format!("exclude.paths[{i}]")),
-                    ConfigErrorKind::EmptyPattern,
-                ));
+                return Err(ConfigError::new(at(), ConfigErrorKind::EmptyPattern));
             }
-            if let Err(e) = regex::Regex::new(pattern) {
-                return Err(ConfigError::new(
-                    exclude_at(format!("exclude.paths[{i}]")),
-                    ConfigErrorKind::InvalidRegex(e),
-                ));
-            }
+            check_pattern(pattern).map_err(|kind| ConfigError::new(at(), kind))?;
         }
         let exclude_paths = if self.exclude_paths.is_empty() {
             None
@@ -1450,7 +1433,12 @@ impl RulesBuilder {
             .iter()
             .map(|r| literal_prefix(&r.pattern).map(Box::from))
             .collect::<Option<Box<[Box<str>]>>>();
-        let warnings = warnings(&routes, &self.exclude_paths, &exclude_methods);
+        let warnings = warnings(
+            &routes,
+            &route_prefixes,
+            &self.exclude_paths,
+            &exclude_methods,
+        );
         Ok(Rules {
             inner: Arc::new(RulesInner {
                 set,
@@ -1466,6 +1454,77 @@ impl RulesBuilder {
     }
 }
 
+/// The longest path pattern (of a route or an exclusion), in bytes: far
+/// beyond any real one (a plain literal this long is about as much as the
+/// regex engine's default size limit compiles), and short enough that
+/// parsing one cannot take more than a few tens of megabytes (a 10 MB
+/// pattern took 850 MB to be refused).
+pub const MAX_PATTERN_LEN: usize = 256 * 1024;
+
+/// The most one pattern's automaton may take, as the `regex` crate's
+/// default size limit.
+const PATTERN_SIZE_LIMIT: usize = 10 << 20;
+
+/// The most the route set's automaton may take: well beyond ten thousand
+/// ordinary routes together (which pass [`PATTERN_SIZE_LIMIT`]), each
+/// within it alone.
+const SET_SIZE_LIMIT: usize = 256 << 20;
+
+/// Checks a path pattern, as the `regex` crate would compile it (with its
+/// errors) but for the DFA it would also build: its length, its syntax,
+/// its automaton's size.
+fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKind> {
+    use regex_automata::nfa::thompson::{Compiler, Config, WhichCaptures};
+    if pattern.len() > MAX_PATTERN_LEN {
+        return Err(ConfigErrorKind::PatternTooLong(pattern.len()));
+    }
+    let hir = regex_syntax::Parser::new()
+        .parse(pattern)
+        .map_err(|e| ConfigErrorKind::InvalidRegex(regex::Error::Syntax(e.to_string())))?;
+    Compiler::new()
+        .configure(
+            Config::new()
+                .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
+                .which_captures(WhichCaptures::None),
+        )
+        .build_from_hir(&hir)
+        .map_err(|_| {
+            ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(PATTERN_SIZE_LIMIT))
+        })?;
+    Ok(hir)
+}
+
+/// Every route pattern (each checked by [`check_pattern`]), compiled into
+/// one set. (The set reports every pattern that matches anywhere in the
+/// path only with `MatchKind::All`: under the default leftmost-first
+/// semantics an overlapping search stops at the first pattern's match and
+/// misses routes that match later in the path or end later.) It keeps no
+/// capture slots: its slower engine's (the PikeVM's) take a slot per route
+/// in every state, which for thousands of routes took seconds a request,
+/// and gigabytes. Its lazy DFA's cache grows with the table, so a large
+/// one's does not thrash (16,000 routes and random paths: 6 ms a request
+/// with the default 2 MiB, 0.1 ms with 32 MiB, in a release build).
+fn route_set(routes: &[Route]) -> Result<regex_automata::meta::Regex, ConfigError> {
+    let patterns: Vec<&str> = routes.iter().map(|r| r.pattern.as_str()).collect();
+    let config = regex_automata::meta::Config::new()
+        .match_kind(regex_automata::MatchKind::All)
+        .which_captures(regex_automata::nfa::thompson::WhichCaptures::None)
+        .hybrid_cache_capacity((2 << 20).max(routes.len() * 2048))
+        .nfa_size_limit(Some(SET_SIZE_LIMIT));
+    regex_automata::meta::Regex::builder()
+        .configure(config)
+        .build_many(&patterns)
+        .map_err(|e| {
+            ConfigError::new(
+                Location::default(),
+                ConfigErrorKind::Parse(format!(
+                    "the route patterns together are too large ({} routes): {e}",
+                    routes.len()
+                )),
+            )
+        })
+}
+
 /// HTTP's standard methods (RFC 9110 and PATCH).
 const STANDARD_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
@@ -1474,6 +1533,7 @@ const STANDARD_METHODS: [&str; 9] = [
 /// The warnings of a valid table: see [`Rules::warnings`].
 fn warnings(
     routes: &[CompiledRoute],
+    route_prefixes: &[Option<RoutePrefixes>],
     exclude_paths: &[String],
     exclude_methods: &[Method],
 ) -> Vec<ConfigWarning> {
@@ -1500,14 +1560,14 @@ fn warnings(
         }
     }
     let excluded = |method: &Method| exclude_methods.iter().any(|x| applies(x, method));
-    for (ri, route) in routes.iter().enumerate() {
+    for (ri, (route, prefixes)) in routes.iter().zip(route_prefixes).enumerate() {
         let at_route = Location {
             route: Some((ri, route.pattern.to_string())),
             ..Location::default()
         };
         if let Some(i) = exclude_paths
             .iter()
-            .position(|x| always_excluded(&route.pattern, x))
+            .position(|x| always_excluded(&route.pattern, prefixes.as_ref(), x))
         {
             let kind = ConfigWarningKind::ExcludedRoute {
                 exclusion: i,
@@ -1536,43 +1596,63 @@ fn warnings(
     found
 }
 
+/// What every match of a route starts with: whether it is anchored at the
+/// start of the path, and the literals one of which begins each match (a
+/// route whose matches cannot be told by a few literals has none).
+struct RoutePrefixes {
+    anchored: bool,
+    literals: Vec<Vec<u8>>,
+}
+
+impl RoutePrefixes {
+    fn of(hir: &regex_syntax::hir::Hir) -> Option<Self> {
+        use regex_syntax::hir::literal::{ExtractKind, Extractor};
+        use regex_syntax::hir::Look;
+        let anchored = hir.properties().look_set_prefix().contains(Look::Start);
+        let prefixes = Extractor::new().kind(ExtractKind::Prefix).extract(hir);
+        let literals: Vec<Vec<u8>> = prefixes
+            .literals()?
+            .iter()
+            .map(|l| l.as_bytes().to_vec())
+            .collect();
+        (!literals.is_empty()).then_some(Self { anchored, literals })
+    }
+}
+
+/// An exclusion that is a plain literal: whether it is anchored (`^/health`)
+/// or not (`/internal/`, anywhere in the path), and the literal.
+fn plain_exclusion(exclusion: &str) -> Option<(bool, &str)> {
+    match literal_prefix(exclusion) {
+        Some(literal) => Some((true, literal)),
+        None if !exclusion.is_empty() && literal_prefix(&format!("^{exclusion}")).is_some() => {
+            Some((false, exclusion))
+        }
+        None => None,
+    }
+}
+
 /// Whether every path `route` matches (as sent) is matched by `exclusion`:
-/// the same pattern, or an exclusion that is a plain literal (`^/health`,
-/// or `/internal/` anywhere) which every match of the route starts with
-/// (anchored) or contains (not anchored). Found from the route's literal
-/// prefixes, so a route this cannot tell is not reported.
-fn always_excluded(route: &str, exclusion: &str) -> bool {
-    use regex_syntax::hir::literal::{ExtractKind, Extractor};
-    use regex_syntax::hir::Look;
+/// the same pattern, or a plain exclusion (see [`plain_exclusion`]) which
+/// every match of the route starts with (anchored) or contains (not
+/// anchored), as its literal prefixes tell. A route they cannot tell about
+/// is not reported.
+fn always_excluded(route: &str, prefixes: Option<&RoutePrefixes>, exclusion: &str) -> bool {
     if route == exclusion {
         return true;
     }
-    let (anchored, literal) = match literal_prefix(exclusion) {
-        Some(literal) => (true, literal),
-        None if !exclusion.is_empty() && literal_prefix(&format!("^{exclusion}")).is_some() => {
-            (false, exclusion)
-        }
-        None => return false,
-    };
-    let Ok(hir) = regex_syntax::Parser::new().parse(route) else {
+    let (Some((anchored, literal)), Some(prefixes)) = (plain_exclusion(exclusion), prefixes) else {
         return false;
     };
-    let starts = hir.properties().look_set_prefix().contains(Look::Start);
-    if anchored && !starts {
+    if anchored && !prefixes.anchored {
         return false;
     }
-    let prefixes = Extractor::new().kind(ExtractKind::Prefix).extract(&hir);
     let literal = literal.as_bytes();
-    prefixes.literals().is_some_and(|all| {
-        !all.is_empty()
-            && all.iter().all(|prefix| {
-                let bytes = prefix.as_bytes();
-                if anchored {
-                    bytes.starts_with(literal)
-                } else {
-                    bytes.windows(literal.len()).any(|w| w == literal)
-                }
-            })
+    prefixes.literals.iter().all(|prefix| {
+        if anchored {
+            prefix.starts_with(literal)
+        } else {
+            literal.is_empty() || prefix.windows(literal.len()).any(|w| w == literal)
+        }
     })
 }
 

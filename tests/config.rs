@@ -961,3 +961,61 @@ fn warnings_name_what_is_most_likely_not_meant() {
         &ConfigWarningKind::ExcludedMethod("HEAD".to_owned())
     );
 }
+
+/// A pattern longer than `MAX_PATTERN_LEN` is refused by its length,
+/// before it is parsed (a 10 MB one took 850 MB to be refused as too
+/// large); one that compiles too large is refused naming its route too.
+#[test]
+fn overlong_and_oversized_patterns_are_refused_by_name() {
+    use tower_ratelimit::rules::MAX_PATTERN_LEN;
+    let long = format!("^/{}", "a".repeat(MAX_PATTERN_LEN));
+    let err = Rules::builder()
+        .route("^/ok", [Rule::new().second(1)])
+        .route(long.clone(), [Rule::new().second(1)])
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::PatternTooLong(n) if *n == MAX_PATTERN_LEN + 2),
+        "{err}"
+    );
+    assert_eq!(err.route().map(|(i, _)| i), Some(1));
+    assert!(
+        err.to_string().contains("more than a path pattern may be"),
+        "{err}"
+    );
+    let err = Rules::builder()
+        .exclude_path(long)
+        .route("^/ok", [Rule::new().second(1)])
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::PatternTooLong(_)),
+        "{err}"
+    );
+    assert_eq!(err.field(), Some("exclude.paths[0]"));
+    // Short, but too large compiled (as the `regex` crate would refuse it).
+    for (route, exclusion) in [("^/\\w{5000}", None), ("^/ok", Some("^/\\w{5000}"))] {
+        let mut builder = Rules::builder().route(route, [Rule::new().second(1)]);
+        if let Some(x) = exclusion {
+            builder = builder.exclude_path(x);
+        }
+        let err = builder.build().unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(_))
+            ),
+            "{err}"
+        );
+        assert_eq!(err.route().is_some(), exclusion.is_none(), "{err}");
+    }
+    // Just under the length limit, a plain literal still loads.
+    let rules = Rules::builder()
+        .route(
+            format!("^/{}", "a".repeat(100_000)),
+            [Rule::new().second(1)],
+        )
+        .build()
+        .unwrap();
+    assert_eq!(rules.len(), 1);
+}
