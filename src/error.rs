@@ -136,27 +136,46 @@ impl ConfigError {
 /// with how much was left out.
 const LONGEST_LINE: usize = 400;
 
-/// The most of a route's pattern a message shows.
+/// The most of a pattern (or a method) a message shows.
 const LONGEST_PATTERN: usize = 120;
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let full = Full(self).to_string();
-        for (i, line) in full.split('\n').enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            if line.len() <= LONGEST_LINE {
-                f.write_str(line)?;
-                continue;
-            }
-            let mut end = LONGEST_LINE;
-            while !line.is_char_boundary(end) {
-                end -= 1;
-            }
-            write!(f, "{}… ({} more bytes)", &line[..end], line.len() - end)?;
+        write_cut(f, &Full(self).to_string())
+    }
+}
+
+/// Writes `full`, every line cut at [`LONGEST_LINE`] bytes, saying how
+/// much was left out.
+fn write_cut(f: &mut fmt::Formatter<'_>, full: &str) -> fmt::Result {
+    for (i, line) in full.split('\n').enumerate() {
+        if i > 0 {
+            f.write_str("\n")?;
         }
-        Ok(())
+        match cut(line, LONGEST_LINE) {
+            (line, 0) => f.write_str(line)?,
+            (head, more) => write!(f, "{head}… ({more} more bytes)")?,
+        }
+    }
+    Ok(())
+}
+
+/// The first `most` bytes of `text` (to a character's boundary), and how
+/// many more there are.
+fn cut(text: &str, most: usize) -> (&str, usize) {
+    let mut end = text.len().min(most);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (&text[..end], text.len() - end)
+}
+
+/// A pattern (or a method) in backquotes, cut at [`LONGEST_PATTERN`] bytes
+/// (so that what is said about it stays within [`LONGEST_LINE`]).
+fn quoted(pattern: &str) -> String {
+    match cut(pattern, LONGEST_PATTERN) {
+        (pattern, 0) => format!("`{pattern}`"),
+        (head, more) => format!("`{head}…` ({more} more bytes)"),
     }
 }
 
@@ -167,17 +186,7 @@ fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
     if let Some((i, pattern)) = &at.route {
         // (A long pattern is cut, so that what is wrong with it stays on
         // the line: see `LONGEST_LINE`.)
-        let mut end = pattern.len().min(LONGEST_PATTERN);
-        while !pattern.is_char_boundary(end) {
-            end -= 1;
-        }
-        match pattern.len() - end {
-            0 => parts.push(format!("route #{i} `{pattern}`")),
-            more => parts.push(format!(
-                "route #{i} `{}…` ({more} more bytes)",
-                &pattern[..end]
-            )),
-        }
+        parts.push(format!("route #{i} {}", quoted(pattern)));
     }
     if let Some((i, group)) = &at.rule {
         parts.push(format!("rule #{i} (group `{group}`)"));
@@ -379,10 +388,21 @@ impl ConfigWarning {
 
 impl fmt::Display for ConfigWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_location(f, &self.at)?;
-        match &self.kind {
+        write_cut(f, &FullWarning(self).to_string())
+    }
+}
+
+/// A [`ConfigWarning`]'s message, whole.
+struct FullWarning<'a>(&'a ConfigWarning);
+
+impl fmt::Display for FullWarning<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let this = self.0;
+        write_location(f, &this.at)?;
+        match &this.kind {
             ConfigWarningKind::UnusualMethod { method, nearest } => {
-                write!(f, "`{method}` is not a standard HTTP method, so only requests sent with exactly `{method}` are concerned")?;
+                let method = quoted(method);
+                write!(f, "{method} is not a standard HTTP method, so only requests sent with exactly {method} are concerned")?;
                 match nearest {
                     Some(m) => write!(f, "; did you mean `{m}`?"),
                     None => f.write_str(" (right for an extension method, such as WebDAV's)"),
@@ -390,7 +410,8 @@ impl fmt::Display for ConfigWarning {
             }
             ConfigWarningKind::ExcludedRoute { exclusion, pattern } => write!(
                 f,
-                "every path this route matches is excluded by exclude.paths[{exclusion}] `{pattern}`, so its rules never apply"
+                "every path this route matches is excluded by exclude.paths[{exclusion}] {}, so its rules apply only to a path that spells the excluded part percent-encoded (`/%68ealth` for `/health`), which is excluded only when both spellings are",
+                quoted(pattern)
             ),
             ConfigWarningKind::ExcludedMethod(method) => write!(
                 f,

@@ -951,7 +951,8 @@ impl Rules {
     /// What in this valid table is most likely not meant, found when it
     /// was built: a method that is no standard one (`GETT`), a route every
     /// path of which is excluded (`^/health/deep` under an exclusion
-    /// `^/health`), a rule whose method is excluded. Servers should log
+    /// `^/health`; its rules then apply only to a path that spells the
+    /// excluded part percent-encoded), a rule whose method is excluded. Servers should log
     /// them at start-up and after each reload (the example server does).
     ///
     /// ```
@@ -1408,6 +1409,11 @@ impl RulesBuilder {
                 return Err(ConfigError::new(at(), ConfigErrorKind::EmptyPattern));
             }
             check_pattern(pattern).map_err(|kind| ConfigError::new(at(), kind))?;
+            // (The set of exclusions is the `regex` crate's: each is
+            // compiled alone too, so that one too large is named.)
+            if let Err(e) = regex::Regex::new(pattern) {
+                return Err(ConfigError::new(at(), ConfigErrorKind::InvalidRegex(e)));
+            }
         }
         let exclude_paths = if self.exclude_paths.is_empty() {
             None
@@ -1457,9 +1463,15 @@ impl RulesBuilder {
 /// The longest path pattern (of a route or an exclusion), in bytes: far
 /// beyond any real one (a plain literal this long is about as much as the
 /// regex engine's default size limit compiles), and short enough that
-/// parsing one cannot take more than a few tens of megabytes (a 10 MB
-/// pattern took 850 MB to be refused).
+/// checking one takes a few tens of megabytes at most (a 10 MB pattern
+/// took 850 MB to be refused).
 pub const MAX_PATTERN_LEN: usize = 256 * 1024;
+
+/// The most character classes (`\w`, `\pL`, `[a-z]`) one pattern may
+/// have: a Unicode class is thousands of bytes once translated (a pattern
+/// of 131,071 `\w` took 868 MB to be refused as too large compiled), and
+/// about 500 `\w` already compile past the size limit.
+const MAX_CLASSES: usize = 1024;
 
 /// The most one pattern's automaton may take, as the `regex` crate's
 /// default size limit.
@@ -1470,27 +1482,58 @@ const PATTERN_SIZE_LIMIT: usize = 10 << 20;
 /// within it alone.
 const SET_SIZE_LIMIT: usize = 256 << 20;
 
-/// Checks a path pattern, as the `regex` crate would compile it (with its
-/// errors) but for the DFA it would also build: its length, its syntax,
-/// its automaton's size.
+/// Checks a path pattern as the `regex` crate would compile it, with its
+/// errors, but for the DFAs it would also build: its length, its syntax,
+/// its number of classes, its automata's size (forward, with captures, and
+/// reverse).
 fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKind> {
     use regex_automata::nfa::thompson::{Compiler, Config, WhichCaptures};
+    use regex_syntax::ast::{self, Ast};
+    /// Counts the classes of a pattern.
+    struct Classes(usize);
+    impl ast::Visitor for Classes {
+        type Output = usize;
+        type Err = ();
+        fn finish(self) -> Result<usize, ()> {
+            Ok(self.0)
+        }
+        fn visit_pre(&mut self, ast: &Ast) -> Result<(), ()> {
+            if matches!(
+                ast,
+                Ast::ClassUnicode(_) | Ast::ClassPerl(_) | Ast::ClassBracketed(_)
+            ) {
+                self.0 += 1;
+            }
+            Ok(())
+        }
+    }
     if pattern.len() > MAX_PATTERN_LEN {
         return Err(ConfigErrorKind::PatternTooLong(pattern.len()));
     }
-    let hir = regex_syntax::Parser::new()
+    let syntax =
+        |e: regex_syntax::Error| ConfigErrorKind::InvalidRegex(regex::Error::Syntax(e.to_string()));
+    let too_big =
+        || ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(PATTERN_SIZE_LIMIT));
+    let tree = ast::parse::Parser::new()
         .parse(pattern)
-        .map_err(|e| ConfigErrorKind::InvalidRegex(regex::Error::Syntax(e.to_string())))?;
-    Compiler::new()
-        .configure(
-            Config::new()
-                .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
-                .which_captures(WhichCaptures::None),
-        )
-        .build_from_hir(&hir)
-        .map_err(|_| {
-            ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(PATTERN_SIZE_LIMIT))
-        })?;
+        .map_err(|e| syntax(e.into()))?;
+    if ast::visit(&tree, Classes(0)).is_ok_and(|n| n > MAX_CLASSES) {
+        return Err(too_big());
+    }
+    let hir = regex_syntax::hir::translate::Translator::new()
+        .translate(pattern, &tree)
+        .map_err(|e| syntax(e.into()))?;
+    for (reverse, captures) in [(false, WhichCaptures::All), (true, WhichCaptures::None)] {
+        Compiler::new()
+            .configure(
+                Config::new()
+                    .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
+                    .reverse(reverse)
+                    .which_captures(captures),
+            )
+            .build_from_hir(&hir)
+            .map_err(|_| too_big())?;
+    }
     Ok(hir)
 }
 
@@ -1544,10 +1587,8 @@ fn warnings(
             method: name.to_owned(),
             nearest: STANDARD_METHODS
                 .iter()
-                .map(|m| (edit_distance(m, name), *m))
-                .filter(|(d, _)| *d <= 2)
-                .min()
-                .map(|(_, m)| m),
+                .find(|m| one_edit_apart(m, name))
+                .copied(),
         })
     };
     for (i, method) in exclude_methods.iter().enumerate() {
@@ -1656,22 +1697,25 @@ fn always_excluded(route: &str, prefixes: Option<&RoutePrefixes>, exclusion: &st
     })
 }
 
-/// The Levenshtein distance of two short ASCII words.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b = b.as_bytes();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.bytes().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (diagonal + usize::from(ca != *cb))
-                .min(above + 1)
-                .min(row[j] + 1);
-            diagonal = above;
+/// Whether `a` becomes `b` by one edit: a letter changed, added or left
+/// out, or two neighbours swapped (`GETT`, `GE`, `PSOT`; not `LIST` for
+/// `POST`).
+fn one_edit_apart(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    let same_start = short.iter().zip(long).take_while(|(x, y)| x == y).count();
+    match long.len() - short.len() {
+        0 => {
+            let (x, y) = (&short[same_start..], &long[same_start..]);
+            match x.len() {
+                0 => false,
+                1 => true,
+                _ => x[1..] == y[1..] || (x[0] == y[1] && x[1] == y[0] && x[2..] == y[2..]),
+            }
         }
+        1 => short[same_start..] == long[same_start + 1..],
+        _ => false,
     }
-    row[b.len()]
 }
 
 /// The literal of a pattern that is `^` followed by plain characters only
@@ -2167,7 +2211,7 @@ const BLOCK_TIME_FORMS: &str = "a number of seconds (`block_time = 300`) or a du
 
 /// A duration written with units, as durations are in Go, systemd or
 /// humantime: numbers each followed by a unit (`5m`, `1h 30m`, `1.5s`,
-/// `500ms`; a lone number is seconds). Units are those of a limit text
+/// `500ms`; a lone number, `300` or `2.5`, is seconds). Units are those of a limit text
 /// (see [`Rule::limits`]), and `m` for minutes. The total must be a whole
 /// number of milliseconds; a total of zero is returned as zero, for the
 /// caller's range check to report.
@@ -2176,15 +2220,20 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     if rest.is_empty() {
         return Err("it is empty".to_owned());
     }
-    if let Ok(secs) = rest.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+    // (`1,000s` would be a thousand seconds in some places, one and a bit
+    // in others, and `,` separates the items of a limit text.)
+    if rest.contains(',') {
+        return Err("write numbers without `,` (`1000s`; a fraction with `.`)".to_owned());
     }
+    let number_len = |text: &str| {
+        text.find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len())
+    };
+    // A lone number is seconds.
+    let lone = number_len(rest) == rest.len();
     let mut total: u64 = 0;
     while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | ',')))
-            .unwrap_or(rest.len());
-        let (number, after) = rest.split_at(number_len);
+        let (number, after) = rest.split_at(number_len(rest));
         if number.is_empty() {
             return Err(format!("expected a number at `{}`", after.escape_debug()));
         }
@@ -2195,6 +2244,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         let (unit, after) = after.split_at(unit_len);
         let unit = unit.to_ascii_lowercase();
         let unit_ms = match unit.as_str() {
+            "" if lone => 1_000,
             "m" => 60_000,
             u => unit_ms(u).ok_or_else(|| {
                 if u.is_empty() {
@@ -2204,11 +2254,14 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
                 }
             })?,
         };
-        let (whole, fraction) = number.split_once(['.', ',']).unwrap_or((number, ""));
-        if fraction.contains(['.', ',']) {
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if fraction.contains('.') {
             return Err(format!("`{number}` is not a number"));
         }
-        let ms = match decimal_times(number, unit_ms) {
+        // (Exact: `1.000000000000000000000h` is an hour.)
+        let fraction = fraction.trim_end_matches('0');
+        let exact = format!("{whole}.{fraction}");
+        let ms = match decimal_times(&exact, unit_ms) {
             Some(ms) => ms,
             // (Longer than any block: the range check reports it.)
             None if decimal_times(whole, unit_ms).is_none() => u64::MAX,

@@ -809,6 +809,9 @@ fn a_block_time_that_is_not_a_duration_says_how_to_write_one() {
         ("\"-5m\"", "expected a number at `-5m`"),
         ("\"\"", "it is empty"),
         ("\"1.0005s\"", "not a whole number of milliseconds"),
+        ("\"1,000s\"", "write numbers without `,`"),
+        ("\"+300\"", "expected a number at `+300`"),
+        ("\"+5m\"", "expected a number at `+5m`"),
         ("true", "invalid type: boolean"),
     ] {
         let err = load(form).unwrap_err().to_string();
@@ -822,6 +825,7 @@ fn a_block_time_that_is_not_a_duration_says_how_to_write_one() {
         "\"3661d\"",
         "1e300",
         "\"99999999999999999999h\"",
+        "\"99999999999999999999\"",
     ] {
         let err = load(form).err().unwrap_or_else(|| panic!("{form} loaded"));
         assert_eq!(err.field(), Some("block_time"), "{form}: {err}");
@@ -867,7 +871,10 @@ fn warnings_name_what_is_most_likely_not_meant() {
                         pattern: exclusion.to_owned()
                     }
                 );
-                assert!(w.to_string().contains("so its rules never apply"), "{w}");
+                assert!(
+                    w.to_string().contains("so its rules apply only to a path that spells the excluded part percent-encoded"),
+                    "{w}"
+                );
                 true
             }
             more => panic!("{more:?}"),
@@ -950,6 +957,27 @@ fn warnings_name_what_is_most_likely_not_meant() {
         "route #0 `^/a`, rule #0 (group `typo`), field `method`: `GETT` is not a standard HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?"
     );
     assert!(shown[2].ends_with("(right for an extension method, such as WebDAV's)"));
+    // A suggestion only one edit away (a letter changed, added, left out,
+    // two swapped).
+    for (method, nearest) in [
+        ("GE", Some("GET")),
+        ("PACTH", Some("PATCH")),
+        ("DELET", Some("DELETE")),
+        ("OPTIONSS", Some("OPTIONS")),
+        ("LIST", None),
+        ("POLL", None),
+        ("PROPPATCH", None),
+    ] {
+        let rules = Rules::builder()
+            .route("^/a", [Rule::new().method(method).second(1)])
+            .build()
+            .unwrap();
+        assert_eq!(
+            rules.warnings()[0].kind(),
+            &unusual(method, nearest),
+            "{method}"
+        );
+    }
     // Excluding GET excludes HEAD too: a HEAD rule never applies.
     let rules = Rules::builder()
         .exclude_method("GET")
@@ -1009,6 +1037,30 @@ fn overlong_and_oversized_patterns_are_refused_by_name() {
         );
         assert_eq!(err.route().is_some(), exclusion.is_none(), "{err}");
     }
+    // Classes beyond what compiles are refused before they are translated
+    // (each `\w` is thousands of bytes then); one too large compiled
+    // backwards too, and an exclusion too large, by its index.
+    let classes = format!("^/{}", "\\w".repeat(4_000));
+    for pattern in [classes.as_str(), "^/\\w{500}"] {
+        let err = Rules::builder()
+            .route(pattern, [Rule::new().second(1)])
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(_))
+            ),
+            "{err}"
+        );
+    }
+    let err = Rules::builder()
+        .exclude_path("^/x")
+        .exclude_path("^/\\w{250}")
+        .route("^/ok", [Rule::new().second(1)])
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), Some("exclude.paths[1]"), "{err}");
     // Just under the length limit, a plain literal still loads.
     let rules = Rules::builder()
         .route(

@@ -833,7 +833,7 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     log.until(&format!("INFO reloaded {}: 2 routes\n", file.path()))
         .await;
     log.until(
-        "WARN route #0 `^/health/deep`: every path this route matches is excluded by exclude.paths[0] `^/health`, so its rules never apply\n",
+        "WARN route #0 `^/health/deep`: every path this route matches is excluded by exclude.paths[0] `^/health`, so its rules apply only to a path that spells the excluded part percent-encoded (`/%68ealth` for `/health`), which is excluded only when both spellings are\n",
     )
     .await;
     log.until(
