@@ -357,6 +357,17 @@ pub enum ConfigWarningKind {
     /// Every method the rule applies to is excluded (`exclude.methods`),
     /// so it never applies.
     ExcludedMethod(String),
+    /// An earlier route (the index and pattern given) matches every path
+    /// this rule's route matches, and has a rule for its group and method,
+    /// so this rule never applies (the first matching route with a rule
+    /// for the request's group and method does): `^/api/login` listed
+    /// after `^/api`, which was meant to come first.
+    ShadowedRule {
+        /// The earlier route's index.
+        route: usize,
+        /// The earlier route's pattern.
+        pattern: String,
+    },
 }
 
 impl ConfigWarning {
@@ -411,6 +422,11 @@ impl fmt::Display for FullWarning<'_> {
             ConfigWarningKind::ExcludedRoute { exclusion, pattern } => write!(
                 f,
                 "every path this route matches is excluded by exclude.paths[{exclusion}] {}, so its rules apply only to a path that spells the excluded part percent-encoded (`/%68ealth` for `/health`), which is excluded only when both spellings are",
+                quoted(pattern)
+            ),
+            ConfigWarningKind::ShadowedRule { route, pattern } => write!(
+                f,
+                "route #{route} {}, listed earlier, matches every path this route matches and has a rule for this group and method, so this rule never applies (list the narrower route first)",
                 quoted(pattern)
             ),
             ConfigWarningKind::ExcludedMethod(method) => write!(

@@ -952,7 +952,9 @@ impl Rules {
     /// was built: a method that is no standard one (`GETT`), a route every
     /// path of which is excluded (`^/health/deep` under an exclusion
     /// `^/health`; its rules then apply only to a path that spells the
-    /// excluded part percent-encoded), a rule whose method is excluded. Servers should log
+    /// excluded part percent-encoded), a rule whose method is excluded, a
+    /// rule that an earlier route always takes first (`^/api/login` after
+    /// `^/api`, both with a rule for its group). Servers should log
     /// them at start-up and after each reload (the example server does).
     ///
     /// ```
@@ -1242,12 +1244,17 @@ impl RulesBuilder {
         // The shape of each zone's first rule with limits.
         let mut zones: BTreeMap<&str, Shape> = BTreeMap::new();
         let mut patterns: BTreeMap<&str, usize> = BTreeMap::new();
-        // (Only a plain exclusion can be found to cover a route, from the
-        // route's literal prefixes: see `Rules::warnings`.)
-        let plain_exclusions = self
+        // (Only a plain exclusion, or an earlier plain route, can be found
+        // to cover a route, from the route's literal prefixes: see
+        // `Rules::warnings`.)
+        let plain_covers = self
             .exclude_paths
             .iter()
-            .any(|x| plain_exclusion(x).is_some());
+            .any(|x| plain_exclusion(x).is_some())
+            || self
+                .routes
+                .iter()
+                .any(|r| literal_prefix(&r.pattern).is_some());
         let mut route_prefixes = Vec::with_capacity(self.routes.len());
         for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
@@ -1262,7 +1269,7 @@ impl RulesBuilder {
             // build.)
             let hir = check_pattern(&route.pattern)
                 .map_err(|kind| ConfigError::new(at_route.clone(), kind))?;
-            route_prefixes.push(if plain_exclusions {
+            route_prefixes.push(if plain_covers {
                 RoutePrefixes::of(&hir)
             } else {
                 None
@@ -1603,6 +1610,12 @@ fn warnings(
         }
     }
     let excluded = |method: &Method| exclude_methods.iter().any(|x| applies(x, method));
+    // The plain routes (`^/api`), by their literal.
+    let plain: HashMap<&[u8], usize> = routes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| literal_prefix(&r.pattern).map(|l| (l.as_bytes(), i)))
+        .collect();
     for (ri, (route, prefixes)) in routes.iter().zip(route_prefixes).enumerate() {
         let at_route = Location {
             route: Some((ri, route.pattern.to_string())),
@@ -1618,7 +1631,44 @@ fn warnings(
             };
             found.push(ConfigWarning::new(at_route.clone(), kind));
         }
+        // The earlier plain routes that match every path starting with
+        // each of this route's literal prefixes.
+        let covering: Vec<Vec<usize>> = match prefixes {
+            Some(p) if p.anchored => p
+                .literals
+                .iter()
+                .map(|literal| {
+                    (0..=literal.len())
+                        .filter_map(|k| plain.get(&literal[..k]).copied())
+                        .filter(|&i| i < ri)
+                        .collect()
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         for (i, rule) in route.rules.iter().enumerate() {
+            // Shadowed: whatever path it matches, an earlier route that
+            // matches it too has a rule for its group and method.
+            let shadowing = |earlier: &Vec<usize>| {
+                earlier
+                    .iter()
+                    .copied()
+                    .find(|&e| routes[e].rules.iter().any(|r| shadows(r, rule)))
+            };
+            let by: Vec<Option<usize>> = covering.iter().map(shadowing).collect();
+            if !by.is_empty() && by.iter().all(Option::is_some) {
+                if let Some(Some(e)) = by.first() {
+                    let at = Location {
+                        rule: Some((i, rule.group.as_str().to_owned())),
+                        ..at_route.clone()
+                    };
+                    let kind = ConfigWarningKind::ShadowedRule {
+                        route: *e,
+                        pattern: routes[*e].pattern.to_string(),
+                    };
+                    found.push(ConfigWarning::new(at, kind));
+                }
+            }
             let Some(method) = &rule.method else {
                 continue;
             };
@@ -1637,6 +1687,18 @@ fn warnings(
         }
     }
     found
+}
+
+/// Whether a request that `later` applies to is taken by `earlier` (a rule
+/// of an earlier route matching the same path): the same group, and
+/// `earlier` without a method, or with the same, or `GET` for `HEAD`.
+fn shadows(earlier: &CompiledRule, later: &CompiledRule) -> bool {
+    earlier.group.as_str() == later.group.as_str()
+        && match (&earlier.method, &later.method) {
+            (None, _) => true,
+            (Some(e), Some(l)) => applies(e, l),
+            (Some(_), None) => false,
+        }
 }
 
 /// What every match of a route starts with: whether it is anchored at the

@@ -1071,3 +1071,83 @@ fn overlong_and_oversized_patterns_are_refused_by_name() {
         .unwrap();
     assert_eq!(rules.len(), 1);
 }
+
+/// A rule that an earlier, broader route always takes first is warned
+/// about, naming that route: the first matching route with a rule for the
+/// request's group and method applies.
+#[test]
+fn rules_shadowed_by_an_earlier_route_are_warned_about() {
+    use tower_ratelimit::ConfigWarningKind;
+    let shadowed = |routes: &[(&str, Rule)]| -> Vec<(usize, usize, usize)> {
+        let mut builder = Rules::builder();
+        for (pattern, rule) in routes {
+            builder = builder.route(*pattern, [rule.clone()]);
+        }
+        let rules = builder.build().unwrap();
+        rules
+            .warnings()
+            .iter()
+            .filter_map(|w| match w.kind() {
+                ConfigWarningKind::ShadowedRule { route, pattern } => {
+                    assert_eq!(pattern, routes[*route].0);
+                    assert!(
+                        w.to_string().contains("list the narrower route first"),
+                        "{w}"
+                    );
+                    Some((w.route().unwrap().0, w.rule().unwrap().0, *route))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let any = || Rule::new().second(1);
+    // Listed after the broader route: shadowed.
+    assert_eq!(
+        shadowed(&[("^/api", any()), ("^/api/login", any())]),
+        [(1, 0, 0)]
+    );
+    assert_eq!(
+        shadowed(&[("^/api", Rule::new()), ("^/api/login$", any())]),
+        [(1, 0, 0)],
+        "an unlimited rule takes the request too"
+    );
+    assert_eq!(
+        shadowed(&[("^/a", any()), ("^/b", any()), ("^/(a|b)/x", any())]),
+        [(2, 0, 0)]
+    );
+    assert_eq!(
+        shadowed(&[
+            ("^/api", any().method("GET")),
+            ("^/api/x", any().method("HEAD"))
+        ]),
+        [(1, 0, 0)]
+    );
+    assert_eq!(
+        shadowed(&[
+            ("^/api", any().method("POST")),
+            ("^/api/x", any().method("post"))
+        ]),
+        [(1, 0, 0)]
+    );
+    // Not shadowed.
+    for routes in [
+        vec![("^/api/login", any()), ("^/api", any())],
+        vec![("^/api", Rule::group("admin")), ("^/api/login", any())],
+        vec![("^/api", any().method("POST")), ("^/api/login", any())],
+        vec![
+            ("^/api", any().method("HEAD")),
+            ("^/api/login", any().method("GET")),
+        ],
+        vec![("^/a", any()), ("^/a|^/c", any())],
+        vec![("^/api", any()), ("/api/x", any())],
+        vec![("^/api/", any()), ("^/api", any())],
+        vec![("^/api$", any()), ("^/api/x", any())],
+    ] {
+        assert_eq!(
+            shadowed(&routes),
+            [],
+            "{:?}",
+            routes.iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+    }
+}

@@ -828,10 +828,15 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
         &file,
         "[exclude]\npaths = [\"^/health\"]\n\n\
          [[routes]]\npath = \"^/health/deep\"\nrules = [{ minute = 1 }]\n\n\
-         [[routes]]\npath = \"^/b\"\nrules = [{ method = \"gett\", minute = 1 }]\n",
+         [[routes]]\npath = \"^/b\"\nrules = [{ method = \"gett\", minute = 1 }]\n\n\
+         [[routes]]\npath = \"^/b/c\"\nrules = [{ method = \"GETT\", minute = 2 }]\n",
     );
-    log.until(&format!("INFO reloaded {}: 2 routes\n", file.path()))
+    log.until(&format!("INFO reloaded {}: 3 routes\n", file.path()))
         .await;
+    log.until(
+        "WARN route #2 `^/b/c`, rule #0 (group `default`): route #1 `^/b`, listed earlier, matches every path this route matches and has a rule for this group and method, so this rule never applies (list the narrower route first)\n",
+    )
+    .await;
     log.until(
         "WARN route #0 `^/health/deep`: every path this route matches is excluded by exclude.paths[0] `^/health`, so its rules apply only to a path that spells the excluded part percent-encoded (`/%68ealth` for `/health`), which is excluded only when both spellings are\n",
     )
