@@ -549,6 +549,18 @@ async fn closed_while_idle(shape: Shape) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // And holding it: its keepalive reads the clock on the new connection
+    // once idle (the setup's own reading is its last step, but on a busy
+    // machine a request sent just after it could still come before the
+    // store took the connection, and fail closed).
+    let setup = server.calls("time");
+    while server.calls("time") <= setup {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the store never used its new connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for i in 0..20 {
         let reply = app.get("/x", &format!("after{i}")).await;
         assert!(
