@@ -23,6 +23,17 @@ pub enum ConfigErrorKind {
     /// [`MAX_PATTERN_LEN`](crate::rules::MAX_PATTERN_LEN) bytes (its length
     /// given).
     PatternTooLong(usize),
+    /// A path pattern has more Perl or Unicode classes (`\w`, `\d`,
+    /// `\pL`, inside brackets too) than a pattern may have (their number
+    /// given; at most 1,024): each is hundreds of ranges once translated,
+    /// and a few hundred `\w` compile past the size limit anyway.
+    TooManyClasses(usize),
+    /// The route patterns up to this one compile, together, to more than
+    /// the route set may take (256 MiB; each alone is within the `regex`
+    /// crate's 10 MiB): most often many Unicode classes (`\w`, `\d`),
+    /// which the ASCII ones (`(?-u:\w)`, `[0-9]`) replace at a fraction of
+    /// the size.
+    RoutesTooLarge,
     /// A limit is zero, negative or above `u32::MAX`; a rule without
     /// limits is written by leaving every window out.
     InvalidLimit(i64),
@@ -179,6 +190,15 @@ fn quoted(pattern: &str) -> String {
     }
 }
 
+/// Text from a configuration, escaped (`\n`), in backquotes and cut as
+/// [`quoted`] cuts a pattern.
+pub(crate) fn shown(text: &str) -> String {
+    match cut(text, LONGEST_PATTERN) {
+        (text, 0) => format!("`{}`", text.escape_debug()),
+        (head, more) => format!("`{}…` ({more} more bytes)", head.escape_debug()),
+    }
+}
+
 /// `route #1 `^/a`, rule #0 (group `g`), field `method`: `, or nothing
 /// for a table-wide finding.
 fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
@@ -189,7 +209,7 @@ fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
         parts.push(format!("route #{i} {}", quoted(pattern)));
     }
     if let Some((i, group)) = &at.rule {
-        parts.push(format!("rule #{i} (group `{group}`)"));
+        parts.push(format!("rule #{i} (group {})", quoted(group)));
     }
     if let Some(field) = &at.field {
         parts.push(format!("field `{field}`"));
@@ -215,6 +235,16 @@ impl fmt::Display for Full<'_> {
                 "the pattern is {len} bytes long, more than a path pattern may be ({} bytes)",
                 crate::rules::MAX_PATTERN_LEN
             ),
+            ConfigErrorKind::TooManyClasses(n) => write!(
+                f,
+                "the pattern has {n} Perl or Unicode classes (`\\w`, `\\d`, `\\pL`), more than a pattern may have ({}); ASCII ones (`[0-9]`, `[a-z]`) are not counted",
+                crate::rules::MAX_CLASSES
+            ),
+            ConfigErrorKind::RoutesTooLarge => write!(
+                f,
+                "the route patterns up to this one compile to more than the route set may take together ({} MiB): Unicode classes (`\\w`, `\\d`, `.`) are the largest part of most patterns, and ASCII ones (`(?-u:\\w)`, `[0-9]`, `[^/]`) a fraction of them",
+                crate::rules::SET_SIZE_LIMIT >> 20
+            ),
             ConfigErrorKind::InvalidLimit(n) => {
                 write!(
                     f,
@@ -235,7 +265,7 @@ impl fmt::Display for Full<'_> {
                 "an earlier rule of this route already covers this group and method, so this rule could never apply",
             ),
             ConfigErrorKind::InvalidMethod(method) => {
-                write!(f, "`{method}` is not a valid HTTP method")
+                write!(f, "{} is not a valid HTTP method", quoted(method))
             }
             ConfigErrorKind::EmptyPattern => f.write_str(
                 "an empty pattern matches every path; write `^/` (or `.*`) to mean that",
@@ -334,9 +364,10 @@ pub struct ConfigWarning {
 #[non_exhaustive]
 pub enum ConfigWarningKind {
     /// A method (of a rule or of `exclude.methods`) that is a valid token
-    /// but none of HTTP's standard methods: it applies only to requests
-    /// sent with exactly that method. Right for an extension method
-    /// (WebDAV's `PROPFIND`); for a typo (`GETT`), the rule limits nothing.
+    /// but none of the methods in IANA's HTTP Method Registry (RFC 9110's,
+    /// `PATCH`, WebDAV's `PROPFIND` and the like, `QUERY`): it applies only
+    /// to requests sent with exactly that method. Right for a private
+    /// extension method; for a typo (`GETT`), the rule limits nothing.
     UnusualMethod {
         /// The method, in capitals.
         method: String,
@@ -413,10 +444,10 @@ impl fmt::Display for FullWarning<'_> {
         match &this.kind {
             ConfigWarningKind::UnusualMethod { method, nearest } => {
                 let method = quoted(method);
-                write!(f, "{method} is not a standard HTTP method, so only requests sent with exactly {method} are concerned")?;
+                write!(f, "{method} is not a registered HTTP method, so only requests sent with exactly {method} are concerned")?;
                 match nearest {
                     Some(m) => write!(f, "; did you mean `{m}`?"),
-                    None => f.write_str(" (right for an extension method, such as WebDAV's)"),
+                    None => f.write_str(" (right for a private extension method)"),
                 }
             }
             ConfigWarningKind::ExcludedRoute { exclusion, pattern } => write!(
@@ -431,7 +462,8 @@ impl fmt::Display for FullWarning<'_> {
             ),
             ConfigWarningKind::ExcludedMethod(method) => write!(
                 f,
-                "`{method}` is excluded (exclude.methods), so this rule never applies"
+                "{} is excluded (exclude.methods), so this rule never applies",
+                quoted(method)
             ),
         }
     }

@@ -47,7 +47,9 @@ use regex_automata::{Input, PatternSet};
 use serde::Deserialize;
 
 use crate::clock::duration_micros;
-use crate::error::{ConfigError, ConfigErrorKind, ConfigWarning, ConfigWarningKind, Location};
+use crate::error::{
+    shown, ConfigError, ConfigErrorKind, ConfigWarning, ConfigWarningKind, Location,
+};
 use crate::key;
 
 /// The most windows one rule may have.
@@ -365,8 +367,8 @@ impl Rule {
                 self.notation_error = Some((
                     format!("limits[{i}]"),
                     format!(
-                        "`{}` has an empty item (two separators in a row)",
-                        text.escape_debug()
+                        "{} has an empty item (two separators in a row)",
+                        shown(text)
                     ),
                 ));
                 return;
@@ -377,8 +379,8 @@ impl Rule {
             self.notation_error = Some((
                 "limits".to_owned(),
                 format!(
-                    "`{}` holds no limit (leave `limits` out for a rule without limits)",
-                    text.escape_debug()
+                    "{} holds no limit (leave `limits` out for a rule without limits)",
+                    shown(text)
                 ),
             ));
             return;
@@ -394,10 +396,8 @@ impl Rule {
             match parse_limit(item) {
                 Ok((duration, limit)) => self.windows.push((name, Some(duration), limit)),
                 Err(why) => {
-                    self.notation_error = Some((
-                        name,
-                        format!("cannot read `{}`: {why}", item.escape_debug()),
-                    ));
+                    self.notation_error =
+                        Some((name, format!("cannot read {}: {why}", shown(item))));
                     return;
                 }
             }
@@ -449,7 +449,7 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
     };
     let count = count.trim();
     if count.starts_with('+') {
-        return Err(format!("`{}` is not a whole number", count.escape_debug()));
+        return Err(format!("{} is not a whole number", shown(count)));
     }
     let digits_only = |text: &str| {
         let text = text.strip_prefix(['-', '+']).unwrap_or(text);
@@ -458,9 +458,9 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
     let limit: i64 = count.parse().map_err(|_| {
         if digits_only(count) {
             // (Out of range: the window's check names the limits allowed.)
-            format!("limit `{count}` is too large (at most {})", u32::MAX)
+            format!("limit {} is too large (at most {})", shown(count), u32::MAX)
         } else {
-            format!("`{}` is not a whole number", count.escape_debug())
+            format!("{} is not a whole number", shown(count))
         }
     })?;
     let rest = rest.trim();
@@ -479,12 +479,12 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
             .filter(|ms| *ms >= 1);
         return Err(match ms {
             Some(ms) => format!(
-                "`{}` is not a whole number of units (write `{ms} ms`)",
-                number.escape_debug()
+                "{} is not a whole number of units (write `{ms} ms`)",
+                shown(&number)
             ),
             None => format!(
-                "`{}` is not a whole number of units, nor of milliseconds, the shortest a window counts",
-                number.escape_debug()
+                "{} is not a whole number of units, nor of milliseconds, the shortest a window counts",
+                shown(&number)
             ),
         });
     }
@@ -501,8 +501,8 @@ fn parse_limit(item: &str) -> Result<(Duration, i64), String> {
     let unit = unit.trim();
     let unit_ms = unit_ms(unit).ok_or_else(|| {
         format!(
-            "unknown unit `{}` (expected millisecond, second, minute, hour, day, month or year)",
-            unit.escape_debug()
+            "unknown unit {} (expected millisecond, second, minute, hour, day, month or year)",
+            shown(unit)
         )
     })?;
     // (Past the longest window: the window's check reports it.)
@@ -1256,6 +1256,8 @@ impl RulesBuilder {
                 .iter()
                 .any(|r| literal_prefix(&r.pattern).is_some());
         let mut route_prefixes = Vec::with_capacity(self.routes.len());
+        // (What the route set's automata take, route by route.)
+        let (mut set_memory, mut set_states) = (0, [0, 0]);
         for (ri, route) in self.routes.iter().enumerate() {
             let at_route = Location {
                 route: Some((ri, route.pattern.clone())),
@@ -1267,10 +1269,16 @@ impl RulesBuilder {
             // (Parsed only: every pattern is compiled once, into the set
             // below; compiling each alone too took most of a large table's
             // build.)
-            let hir = check_pattern(&route.pattern)
+            let checked = check_pattern(&route.pattern)
                 .map_err(|kind| ConfigError::new(at_route.clone(), kind))?;
+            set_memory += checked.memory;
+            if set_memory > SET_SIZE_LIMIT {
+                return Err(ConfigError::new(at_route, ConfigErrorKind::RoutesTooLarge));
+            }
+            set_states[0] += checked.states[0];
+            set_states[1] += checked.states[1];
             route_prefixes.push(if plain_covers {
-                RoutePrefixes::of(&hir)
+                RoutePrefixes::of(&checked.hir)
             } else {
                 None
             });
@@ -1405,7 +1413,7 @@ impl RulesBuilder {
             });
         }
         mark_shared(&mut routes);
-        let set = route_set(&self.routes)?;
+        let set = route_set(&self.routes, set_states)?;
         let exclude_at = |field: String| Location {
             field: Some(field),
             ..Location::default()
@@ -1474,11 +1482,12 @@ impl RulesBuilder {
 /// took 850 MB to be refused).
 pub const MAX_PATTERN_LEN: usize = 256 * 1024;
 
-/// The most character classes (`\w`, `\pL`, `[a-z]`) one pattern may
-/// have: a Unicode class is thousands of bytes once translated (a pattern
-/// of 131,071 `\w` took 868 MB to be refused as too large compiled), and
-/// about 500 `\w` already compile past the size limit.
-const MAX_CLASSES: usize = 1024;
+/// The most Perl or Unicode classes (`\w`, `\d`, `\pL`, also inside
+/// brackets) one pattern may have: such a class is hundreds of ranges once
+/// translated (a pattern of 131,071 `\w` took 868 MB to be refused as too
+/// large compiled), and about 210 `\w` already compile past the size
+/// limit. ASCII classes (`[0-9]`, `[a-z]`) are not counted.
+pub(crate) const MAX_CLASSES: usize = 1024;
 
 /// The most one pattern's automaton may take, as the `regex` crate's
 /// default size limit.
@@ -1486,17 +1495,29 @@ const PATTERN_SIZE_LIMIT: usize = 10 << 20;
 
 /// The most the route set's automaton may take: well beyond ten thousand
 /// ordinary routes together (which pass [`PATTERN_SIZE_LIMIT`]), each
-/// within it alone.
-const SET_SIZE_LIMIT: usize = 256 << 20;
+/// within it alone. Each route's share (its larger automaton's size) is
+/// counted as the table is built, so the route that takes the set past it
+/// is named; the set itself is compiled with half as much again, as its
+/// compiler's heap holds about a quarter more than the automaton it makes.
+pub(crate) const SET_SIZE_LIMIT: usize = 256 << 20;
+
+/// What [`check_pattern`] found of a valid pattern.
+struct CheckedPattern {
+    hir: regex_syntax::hir::Hir,
+    /// The states of its forward and its reverse automaton.
+    states: [usize; 2],
+    /// The larger of its two automata's sizes, in bytes.
+    memory: usize,
+}
 
 /// Checks a path pattern as the `regex` crate would compile it, with its
 /// errors, but for the DFAs it would also build: its length, its syntax,
 /// its number of classes, its automata's size (forward, with captures, and
 /// reverse).
-fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKind> {
+fn check_pattern(pattern: &str) -> Result<CheckedPattern, ConfigErrorKind> {
     use regex_automata::nfa::thompson::{Compiler, Config, WhichCaptures};
-    use regex_syntax::ast::{self, Ast};
-    /// Counts the classes of a pattern.
+    use regex_syntax::ast::{self, Ast, ClassSetItem};
+    /// Counts the Perl and Unicode classes of a pattern.
     struct Classes(usize);
     impl ast::Visitor for Classes {
         type Output = usize;
@@ -1505,10 +1526,13 @@ fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKin
             Ok(self.0)
         }
         fn visit_pre(&mut self, ast: &Ast) -> Result<(), ()> {
-            if matches!(
-                ast,
-                Ast::ClassUnicode(_) | Ast::ClassPerl(_) | Ast::ClassBracketed(_)
-            ) {
+            if matches!(ast, Ast::ClassUnicode(_) | Ast::ClassPerl(_)) {
+                self.0 += 1;
+            }
+            Ok(())
+        }
+        fn visit_class_set_item_pre(&mut self, item: &ClassSetItem) -> Result<(), ()> {
+            if matches!(item, ClassSetItem::Unicode(_) | ClassSetItem::Perl(_)) {
                 self.0 += 1;
             }
             Ok(())
@@ -1519,19 +1543,24 @@ fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKin
     }
     let syntax =
         |e: regex_syntax::Error| ConfigErrorKind::InvalidRegex(regex::Error::Syntax(e.to_string()));
-    let too_big =
-        || ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(PATTERN_SIZE_LIMIT));
     let tree = ast::parse::Parser::new()
         .parse(pattern)
         .map_err(|e| syntax(e.into()))?;
-    if ast::visit(&tree, Classes(0)).is_ok_and(|n| n > MAX_CLASSES) {
-        return Err(too_big());
+    if let Ok(n) = ast::visit(&tree, Classes(0)) {
+        if n > MAX_CLASSES {
+            return Err(ConfigErrorKind::TooManyClasses(n));
+        }
     }
     let hir = regex_syntax::hir::translate::Translator::new()
         .translate(pattern, &tree)
         .map_err(|e| syntax(e.into()))?;
-    for (reverse, captures) in [(false, WhichCaptures::All), (true, WhichCaptures::None)] {
-        Compiler::new()
+    let mut states = [0; 2];
+    let mut memory = 0;
+    for (i, (reverse, captures)) in [(false, WhichCaptures::All), (true, WhichCaptures::None)]
+        .into_iter()
+        .enumerate()
+    {
+        let nfa = Compiler::new()
             .configure(
                 Config::new()
                     .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
@@ -1539,9 +1568,17 @@ fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKin
                     .which_captures(captures),
             )
             .build_from_hir(&hir)
-            .map_err(|_| too_big())?;
+            .map_err(|_| {
+                ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(PATTERN_SIZE_LIMIT))
+            })?;
+        states[i] = nfa.states().len();
+        memory = memory.max(nfa.memory_usage());
     }
-    Ok(hir)
+    Ok(CheckedPattern {
+        hir,
+        states,
+        memory,
+    })
 }
 
 /// Every route pattern (each checked by [`check_pattern`]), compiled into
@@ -1551,35 +1588,95 @@ fn check_pattern(pattern: &str) -> Result<regex_syntax::hir::Hir, ConfigErrorKin
 /// misses routes that match later in the path or end later.) It keeps no
 /// capture slots: its slower engine's (the PikeVM's) take a slot per route
 /// in every state, which for thousands of routes took seconds a request,
-/// and gigabytes. Its lazy DFA's cache grows with the table, so a large
-/// one's does not thrash (16,000 routes and random paths: 6 ms a request
-/// with the default 2 MiB, 0.1 ms with 32 MiB, in a release build). Each
-/// thread that matches at the same time as another keeps a cache of its
-/// own, grown only as far as the paths it sees need.
-fn route_set(routes: &[Route]) -> Result<regex_automata::meta::Regex, ConfigError> {
+/// and gigabytes. Its lazy DFA's cache grows with the table (see
+/// [`set_cache_capacity`]), so a large one's does not thrash (16,000
+/// routes and random paths: 6 ms a request with the default 2 MiB, 0.1 ms
+/// with 32 MiB, in a release build). Each thread that matches at the same
+/// time as another keeps a cache of its own, grown only as far as the
+/// paths it sees need. `states` are the routes' automata's states,
+/// forward and reverse, from [`check_pattern`].
+fn route_set(
+    routes: &[Route],
+    states: [usize; 2],
+) -> Result<regex_automata::meta::Regex, ConfigError> {
     let patterns: Vec<&str> = routes.iter().map(|r| r.pattern.as_str()).collect();
     let config = regex_automata::meta::Config::new()
         .match_kind(regex_automata::MatchKind::All)
         .which_captures(regex_automata::nfa::thompson::WhichCaptures::None)
-        .hybrid_cache_capacity((2 << 20).max(routes.len() * 2048))
-        .nfa_size_limit(Some(SET_SIZE_LIMIT));
+        .hybrid_cache_capacity(set_cache_capacity(routes.len(), states))
+        .nfa_size_limit(Some(SET_SIZE_LIMIT + SET_SIZE_LIMIT / 2));
     regex_automata::meta::Regex::builder()
         .configure(config)
         .build_many(&patterns)
         .map_err(|e| {
             ConfigError::new(
                 Location::default(),
+                // (Each route's share was counted as it was checked, so
+                // this is not expected; its cause is said whole.)
                 ConfigErrorKind::Parse(format!(
-                    "the route patterns together are too large ({} routes): {e}",
-                    routes.len()
+                    "the route patterns together cannot be compiled ({} routes): {e}{}",
+                    routes.len(),
+                    std::error::Error::source(&e)
+                        .map(|cause| format!(": {cause}"))
+                        .unwrap_or_default()
                 )),
             )
         })
 }
 
-/// HTTP's standard methods (RFC 9110 and PATCH).
+/// The route set's lazy-DFA cache: at least 2 MiB (the engine's default)
+/// and 2 KiB a route, and twice the least the engine builds a lazy DFA
+/// with, which grows with its automata's states (about 52 bytes a state and
+/// 32 a pattern, after regex-automata's `minimum_cache_capacity`). Below
+/// that least, the engine builds no lazy DFA and silently matches every
+/// path with its slowest one: a Unicode class's reverse automaton is large
+/// (`\d+` 158 states, `\w+` 1,443, `[0-9]+` 15), so 16,000 routes of `\d+`
+/// took 4.6 ms a request with a cache sized by their number alone.
+fn set_cache_capacity(routes: usize, states: [usize; 2]) -> usize {
+    let least = 52 * states[0].max(states[1]) + 32 * routes + (64 << 10);
+    (2 << 20).max(routes * 2048).max(2 * least)
+}
+
+/// HTTP's standard methods (RFC 9110 and PATCH): what a method no
+/// registry lists is compared with, for a typo.
 const STANDARD_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// The other methods of IANA's HTTP Method Registry (WebDAV's and its
+/// extensions', `QUERY`...): a rule for one of them gets no warning.
+const REGISTERED_METHODS: [&str; 31] = [
+    "ACL",
+    "BASELINE-CONTROL",
+    "BIND",
+    "CHECKIN",
+    "CHECKOUT",
+    "COPY",
+    "LABEL",
+    "LINK",
+    "LOCK",
+    "MERGE",
+    "MKACTIVITY",
+    "MKCALENDAR",
+    "MKCOL",
+    "MKREDIRECTREF",
+    "MKWORKSPACE",
+    "MOVE",
+    "ORDERPATCH",
+    "PRI",
+    "PROPFIND",
+    "PROPPATCH",
+    "QUERY",
+    "REBIND",
+    "REPORT",
+    "SEARCH",
+    "UNBIND",
+    "UNCHECKOUT",
+    "UNLINK",
+    "UNLOCK",
+    "UPDATE",
+    "UPDATEREDIRECTREF",
+    "VERSION-CONTROL",
 ];
 
 /// The warnings of a valid table: see [`Rules::warnings`].
@@ -1592,7 +1689,8 @@ fn warnings(
     let mut found = Vec::new();
     let unusual = |method: &Method| {
         let name = method.as_str();
-        (!STANDARD_METHODS.contains(&name)).then(|| ConfigWarningKind::UnusualMethod {
+        let known = STANDARD_METHODS.contains(&name) || REGISTERED_METHODS.contains(&name);
+        (!known).then(|| ConfigWarningKind::UnusualMethod {
             method: name.to_owned(),
             nearest: STANDARD_METHODS
                 .iter()
@@ -1742,6 +1840,12 @@ fn plain_exclusion(exclusion: &str) -> Option<(bool, &str)> {
 /// anchored), as its literal prefixes tell. A route they cannot tell about
 /// is not reported.
 fn always_excluded(route: &str, prefixes: Option<&RoutePrefixes>, exclusion: &str) -> bool {
+    // (An exclusion that spells a character percent-encoded, `^/a%20b`,
+    // never matches the decoded path, so it excludes no path the route
+    // matches as a client sends it: nothing to say.)
+    if exclusion.contains('%') && decode_path(exclusion) != exclusion {
+        return false;
+    }
     if route == exclusion {
         return true;
     }
@@ -2229,12 +2333,18 @@ impl<'de> Deserialize<'de> for RawSeconds {
     }
 }
 
-/// A rule's `block_time`: a number of seconds (`300`, `0.5`) or a duration
-/// with its unit (`"5m"`, `"90s"`, `"1h 30m"`, `"500ms"`). A negative, NaN
-/// or huge number becomes a zero duration, which the builder reports
-/// against `block_time` (as it does one out of range); text that is not a
-/// duration is an error that says how to write one.
-struct RawBlockTime(Duration);
+/// A rule's `block_time` as a file writes it: a number of seconds (`300`,
+/// `0.5`) or a duration with its unit (`"5m"`, `"90s"`, `"1h 30m"`,
+/// `"500ms"`), read by [`parse_duration`] when the rule is made (so that
+/// its errors name the route, the rule and the field). A negative, NaN or
+/// infinite number is out of range, which the builder reports against
+/// `block_time` (as it does a zero or a huge one).
+enum RawBlockTime {
+    /// A number no duration is.
+    OutOfRange,
+    /// A positive number as text (`0.5`), or the file's text.
+    Text(String),
+}
 
 impl<'de> Deserialize<'de> for RawBlockTime {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -2245,30 +2355,49 @@ impl<'de> Deserialize<'de> for RawBlockTime {
                 write!(f, "a block time: {BLOCK_TIME_FORMS}")
             }
             fn visit_f64<E: serde::de::Error>(self, secs: f64) -> Result<RawBlockTime, E> {
-                Ok(RawBlockTime(
-                    Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO),
-                ))
+                // (A float's `Display` is its shortest exact decimal, never
+                // in exponent form: `1.0001` is read as `"1.0001"` is.)
+                Ok(if secs.is_finite() && secs > 0.0 {
+                    RawBlockTime::Text(secs.to_string())
+                } else {
+                    RawBlockTime::OutOfRange
+                })
             }
             fn visit_i64<E: serde::de::Error>(self, secs: i64) -> Result<RawBlockTime, E> {
-                Ok(RawBlockTime(
-                    u64::try_from(secs).map_or(Duration::ZERO, Duration::from_secs),
-                ))
+                Ok(if secs > 0 {
+                    RawBlockTime::Text(secs.to_string())
+                } else {
+                    RawBlockTime::OutOfRange
+                })
             }
             fn visit_u64<E: serde::de::Error>(self, secs: u64) -> Result<RawBlockTime, E> {
-                Ok(RawBlockTime(Duration::from_secs(secs)))
+                self.visit_i64(i64::try_from(secs).unwrap_or(i64::MAX))
             }
             fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<RawBlockTime, E> {
-                parse_duration(text).map(RawBlockTime).map_err(|why| {
-                    E::custom(format_args!(
-                        "`{}` is not a block time ({why}): write {BLOCK_TIME_FORMS}",
-                        text.escape_debug()
-                    ))
-                })
+                Ok(RawBlockTime::Text(text.to_owned()))
             }
         }
         d.deserialize_any(Visitor)
     }
 }
+
+impl RawBlockTime {
+    /// The duration, or why the text is none.
+    fn read(&self) -> Result<Duration, String> {
+        match self {
+            RawBlockTime::OutOfRange => Ok(Duration::ZERO),
+            RawBlockTime::Text(text) => parse_duration(text).map_err(|why| {
+                format!(
+                    "{} is not a block time ({why}): write {BLOCK_TIME_FORMS}",
+                    shown(text)
+                )
+            }),
+        }
+    }
+}
+
+/// The units a duration may have, for its errors.
+const DURATION_UNITS: &str = "ms, s, m or min, h, d, month, year";
 
 /// How a block time is written, for its errors.
 const BLOCK_TIME_FORMS: &str = "a number of seconds (`block_time = 300`) or a duration with its unit (`block_time = \"5m\"`, `\"90s\"`, `\"1h 30m\"`, `\"500ms\"`)";
@@ -2298,29 +2427,38 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total: u64 = 0;
     while !rest.is_empty() {
         let (number, after) = rest.split_at(number_len(rest));
-        if number.is_empty() {
-            return Err(format!("expected a number at `{}`", after.escape_debug()));
+        if after.starts_with('-') && number.is_empty() {
+            return Err("a block time is not negative".to_owned());
+        }
+        if !number.bytes().any(|b| b.is_ascii_digit()) {
+            return Err(format!("expected a number at {}", shown(rest)));
         }
         let after = after.trim_start();
         let unit_len = after
-            .find(|c: char| !c.is_ascii_alphabetic())
+            .find(|c: char| !c.is_alphabetic())
             .unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
+        // (`M` is a month to some, a minute to others.)
+        if unit == "M" {
+            return Err(
+                "`M` could be a minute or a month: write `m` or `min`, or `month`".to_owned(),
+            );
+        }
         let unit = unit.to_ascii_lowercase();
         let unit_ms = match unit.as_str() {
             "" if lone => 1_000,
             "m" => 60_000,
             u => unit_ms(u).ok_or_else(|| {
                 if u.is_empty() {
-                    format!("`{number}` has no unit (ms, s, m, h, d)")
+                    format!("{} has no unit ({DURATION_UNITS})", shown(number))
                 } else {
-                    format!("unknown unit `{}` (ms, s, m, h, d)", u.escape_debug())
+                    format!("unknown unit {} ({DURATION_UNITS})", shown(u))
                 }
             })?,
         };
         let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
         if fraction.contains('.') {
-            return Err(format!("`{number}` is not a number"));
+            return Err(format!("{} is not a number", shown(number)));
         }
         // (Exact: `1.000000000000000000000h` is an hour.)
         let fraction = fraction.trim_end_matches('0');
@@ -2331,7 +2469,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
             None if decimal_times(whole, unit_ms).is_none() => u64::MAX,
             None => {
                 return Err(format!(
-                    "`{number}{unit}` is not a whole number of milliseconds"
+                    "{} is not a whole number of milliseconds",
+                    shown(&format!("{number}{unit}"))
                 ))
             }
         };
@@ -2416,7 +2555,7 @@ impl RawRule {
         rule.method = self.method.map(|m| m.to_ascii_uppercase());
         rule.zone = self.zone;
         rule.algorithm = self.algorithm.unwrap_or_default();
-        rule.block_time = self.block_time.map(|RawBlockTime(d)| d);
+        let block_time = self.block_time.map(|raw| raw.read());
         let limits = RawWindows {
             second: self.second,
             minute: self.minute,
@@ -2427,6 +2566,13 @@ impl RawRule {
             limits: self.limits,
         };
         limits.add_to(&mut rule);
+        match block_time {
+            Some(Ok(duration)) => rule.block_time = Some(duration),
+            Some(Err(why)) if rule.notation_error.is_none() => {
+                rule.notation_error = Some(("block_time".to_owned(), why));
+            }
+            _ => {}
+        }
         rule
     }
 }
@@ -2569,6 +2715,55 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(matches!(err.kind(), ConfigErrorKind::UnreachableRule));
+    }
+
+    /// The route set's cache holds what the lazy DFA needs, forward and
+    /// backward, for tables of Unicode classes too (below it the engine
+    /// would build no lazy DFA and match every path with its slowest one):
+    /// 2,000 routes of `\d+` needed four times the cache a count of
+    /// routes gave them.
+    #[test]
+    fn the_route_sets_cache_fits_its_lazy_dfas() {
+        use regex_automata::hybrid::dfa::DFA;
+        use regex_automata::nfa::thompson::{Compiler, Config, WhichCaptures};
+        for (shape, n) in [
+            ("^/r{}/items/\\d+$", 2_000),
+            ("^/u{}/\\w+$", 300),
+            ("^/p{}/[0-9]+$", 2_000),
+        ] {
+            let patterns: Vec<String> = (0..n)
+                .map(|i| shape.replace("{}", &i.to_string()))
+                .collect();
+            let mut states = [0, 0];
+            for p in &patterns {
+                let checked = check_pattern(p).unwrap();
+                states[0] += checked.states[0];
+                states[1] += checked.states[1];
+            }
+            let capacity = set_cache_capacity(n, states);
+            for reverse in [false, true] {
+                let nfa = Compiler::new()
+                    .configure(
+                        Config::new()
+                            .reverse(reverse)
+                            .which_captures(WhichCaptures::None)
+                            .nfa_size_limit(None),
+                    )
+                    .build_many(&patterns)
+                    .unwrap();
+                let build = |capacity| {
+                    DFA::builder()
+                        .configure(DFA::config().cache_capacity(capacity))
+                        .build_from_nfa(nfa.clone())
+                        .is_ok()
+                };
+                assert!(build(capacity), "{shape} x{n}, reverse {reverse}");
+                if reverse && shape.contains("\\d") {
+                    // (What a count of routes alone gave it.)
+                    assert!(!build((2 << 20).max(n * 2048)), "{shape}");
+                }
+            }
+        }
     }
 
     #[test]

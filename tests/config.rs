@@ -806,7 +806,15 @@ fn a_block_time_that_is_not_a_duration_says_how_to_write_one() {
         ("\"5 m 3\"", "`3` has no unit"),
         ("\"1.2.3s\"", "`1.2.3` is not a number"),
         ("\"m\"", "expected a number at `m`"),
-        ("\"-5m\"", "expected a number at `-5m`"),
+        ("\"-5m\"", "a block time is not negative"),
+        ("\".\"", "expected a number at `.`"),
+        ("\"1M\"", "`M` could be a minute or a month"),
+        (
+            "\"5µs\"",
+            "unknown unit `µs` (ms, s, m or min, h, d, month, year)",
+        ),
+        // (A number as text is: sub-millisecond precision is refused alike.)
+        ("1.0001", "`1.0001` is not a whole number of milliseconds"),
         ("\"\"", "it is empty"),
         ("\"1.0005s\"", "not a whole number of milliseconds"),
         ("\"1,000s\"", "write numbers without `,`"),
@@ -814,10 +822,31 @@ fn a_block_time_that_is_not_a_duration_says_how_to_write_one() {
         ("\"+5m\"", "expected a number at `+5m`"),
         ("true", "invalid type: boolean"),
     ] {
-        let err = load(form).unwrap_err().to_string();
-        assert!(err.contains(why), "{form}: {err}");
-        assert!(err.contains("or a duration with its unit"), "{form}: {err}");
+        let err = load(form).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains(why), "{form}: {shown}");
+        assert!(
+            shown.contains("or a duration with its unit"),
+            "{form}: {shown}"
+        );
+        // (Named as every rule's error is, but a value of the wrong type,
+        // which the file's parser reports at its line.)
+        if form != "true" {
+            assert_eq!(err.route(), Some((0, "^/a")), "{form}: {shown}");
+            assert_eq!(err.rule(), Some((0, "default")), "{form}: {shown}");
+            assert_eq!(err.field(), Some("block_time"), "{form}: {shown}");
+        }
     }
+    // A long value is cut, so that why it is wrong stays on the line.
+    let err = load(&format!("\"{}x\"", "1h ".repeat(300)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("more bytes)"), "{err}");
+    assert!(err.contains("expected a number at `x`"), "{err}");
+    assert!(err.lines().all(|line| line.len() < 1_000), "{err}");
+    // Units are read whatever their case, but for `M`.
+    let rules = load("\"1H 30Min\"").unwrap().rules().clone();
+    assert_eq!(rules.len(), 1);
     for form in [
         "0",
         "-5",
@@ -898,6 +927,10 @@ fn warnings_name_what_is_most_likely_not_meant() {
         ("/health/x", "^/health"),
         ("^/a.*b$", "^/a.*c$"),
         ("^/api/internal", "/internal/"),
+        // (An exclusion with a `%XX` never matches the decoded path, so a
+        // request for the route's own spelling is limited: `/a%20b/x`.)
+        ("^/a%20b/x", "^/a%20b"),
+        ("^/%41", "^/%41"),
     ] {
         assert!(!excluded(route, exclusion), "{route} under {exclusion}");
     }
@@ -911,7 +944,9 @@ fn warnings_name_what_is_most_likely_not_meant() {
             "^/a",
             [
                 Rule::group("typo").method("gett").second(1),
+                // (A registered extension method: no warning.)
                 Rule::group("dav").method("PROPFIND").second(1),
+                Rule::group("private").method("FROB").second(1),
                 Rule::group("pre").method("OPTIONS").second(1),
                 // (HEAD excluded, GET not: a GET rule still limits GETs.)
                 Rule::group("get").method("GET").second(1),
@@ -938,7 +973,7 @@ fn warnings_name_what_is_most_likely_not_meant() {
                 unusual("PSOT", Some("POST"))
             ),
             (Some("typo"), Some("method"), unusual("GETT", Some("GET"))),
-            (Some("dav"), Some("method"), unusual("PROPFIND", None)),
+            (Some("private"), Some("method"), unusual("FROB", None)),
             (
                 Some("pre"),
                 Some("method"),
@@ -954,9 +989,9 @@ fn warnings_name_what_is_most_likely_not_meant() {
     let shown: Vec<String> = rules.warnings().iter().map(|w| w.to_string()).collect();
     assert_eq!(
         shown[1],
-        "route #0 `^/a`, rule #0 (group `typo`), field `method`: `GETT` is not a standard HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?"
+        "route #0 `^/a`, rule #0 (group `typo`), field `method`: `GETT` is not a registered HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?"
     );
-    assert!(shown[2].ends_with("(right for an extension method, such as WebDAV's)"));
+    assert!(shown[2].ends_with("(right for a private extension method)"));
     // A suggestion only one edit away (a letter changed, added, left out,
     // two swapped).
     for (method, nearest) in [
@@ -966,7 +1001,7 @@ fn warnings_name_what_is_most_likely_not_meant() {
         ("OPTIONSS", Some("OPTIONS")),
         ("LIST", None),
         ("POLL", None),
-        ("PROPPATCH", None),
+        ("PROPPATHC", None),
     ] {
         let rules = Rules::builder()
             .route("^/a", [Rule::new().method(method).second(1)])
@@ -1037,23 +1072,46 @@ fn overlong_and_oversized_patterns_are_refused_by_name() {
         );
         assert_eq!(err.route().is_some(), exclusion.is_none(), "{err}");
     }
-    // Classes beyond what compiles are refused before they are translated
-    // (each `\w` is thousands of bytes then); one too large compiled
-    // backwards too, and an exclusion too large, by its index.
+    // Perl and Unicode classes beyond what compiles are refused before
+    // they are translated (each `\w` is thousands of bytes then), inside
+    // brackets too, by their number; ASCII classes are not counted.
     let classes = format!("^/{}", "\\w".repeat(4_000));
-    for pattern in [classes.as_str(), "^/\\w{500}"] {
+    let bracketed = format!("^/(?i)[{}]", "\\pL".repeat(1_025));
+    for (pattern, n) in [(classes.as_str(), 4_000), (bracketed.as_str(), 1_025)] {
         let err = Rules::builder()
+            .route("^/ok", [Rule::new().second(1)])
             .route(pattern, [Rule::new().second(1)])
             .build()
             .unwrap_err();
         assert!(
-            matches!(
-                err.kind(),
-                ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(_))
-            ),
+            matches!(err.kind(), ConfigErrorKind::TooManyClasses(k) if *k == n),
+            "{err}"
+        );
+        assert_eq!(err.route().map(|(i, _)| i), Some(1));
+        assert!(
+            err.to_string()
+                .contains(&format!("the pattern has {n} Perl or Unicode classes")),
             "{err}"
         );
     }
+    let ascii = format!("^/x/{}", "[0-9]".repeat(1_025));
+    assert!(Rules::builder()
+        .route(ascii, [Rule::new().second(1)])
+        .build()
+        .is_ok());
+    // One too large compiled backwards, and an exclusion too large, by its
+    // index.
+    let err = Rules::builder()
+        .route("^/\\w{500}", [Rule::new().second(1)])
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            ConfigErrorKind::InvalidRegex(regex::Error::CompiledTooBig(_))
+        ),
+        "{err}"
+    );
     let err = Rules::builder()
         .exclude_path("^/x")
         .exclude_path("^/\\w{250}")
@@ -1061,6 +1119,20 @@ fn overlong_and_oversized_patterns_are_refused_by_name() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), Some("exclude.paths[1]"), "{err}");
+    // Routes each within the limit but too large together: the one that
+    // takes the set past its limit is named, with what to write instead.
+    let mut builder = Rules::builder();
+    for i in 0..50 {
+        builder = builder.route(format!("^/x{i}/\\w{{190}}"), [Rule::new().second(1)]);
+    }
+    let err = builder.build().unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::RoutesTooLarge),
+        "{err}"
+    );
+    let at = err.route().map(|(i, _)| i);
+    assert!(at.is_some_and(|i| (30..50).contains(&i)), "{err}");
+    assert!(err.to_string().contains("(?-u:\\w)"), "{err}");
     // Just under the length limit, a plain literal still loads.
     let rules = Rules::builder()
         .route(
