@@ -388,6 +388,12 @@ pub enum ConfigWarningKind {
     /// Every method the rule applies to is excluded (`exclude.methods`),
     /// so it never applies.
     ExcludedMethod(String),
+    /// An exclusion (`exclude.paths[i]`, a plain `^literal`) spells a
+    /// character percent-encoded (`^/a%20b`): an exclusion applies only
+    /// when the path matches it both as sent and decoded (see
+    /// [`decode_path`](crate::rules::decode_path)), and the decoded path
+    /// never starts with `%20`, so it excludes nothing.
+    EncodedExclusion(String),
     /// An earlier route (the index and pattern given) matches every path
     /// this rule's route matches, and has a rule for its group and method,
     /// so this rule never applies (the first matching route with a rule
@@ -458,6 +464,11 @@ impl fmt::Display for FullWarning<'_> {
             ConfigWarningKind::ShadowedRule { route, pattern } => write!(
                 f,
                 "route #{route} {}, listed earlier, matches every path this route matches and has a rule for this group and method, so this rule never applies (list the narrower route first)",
+                quoted(pattern)
+            ),
+            ConfigWarningKind::EncodedExclusion(pattern) => write!(
+                f,
+                "{} spells a character percent-encoded, but a path is excluded only when it matches both as sent and decoded, so this excludes nothing: match both spellings (`^/a(%20| )b`)",
                 quoted(pattern)
             ),
             ConfigWarningKind::ExcludedMethod(method) => write!(

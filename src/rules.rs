@@ -1707,6 +1707,20 @@ fn warnings(
             found.push(ConfigWarning::new(at, kind));
         }
     }
+    for (i, exclusion) in exclude_paths.iter().enumerate() {
+        // (`%25` left out: `^/%2525` matches `/%252525` both ways.)
+        let encoded = literal_prefix(exclusion).is_some_and(|literal| {
+            decode_path(literal) != literal && !literal.to_ascii_lowercase().contains("%25")
+        });
+        if encoded {
+            let at = Location {
+                field: Some(format!("exclude.paths[{i}]")),
+                ..Location::default()
+            };
+            let kind = ConfigWarningKind::EncodedExclusion(exclusion.clone());
+            found.push(ConfigWarning::new(at, kind));
+        }
+    }
     let excluded = |method: &Method| exclude_methods.iter().any(|x| applies(x, method));
     // The plain routes (`^/api`), by their literal.
     let plain: HashMap<&[u8], usize> = routes
