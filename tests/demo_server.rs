@@ -842,7 +842,7 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     )
     .await;
     log.until(
-        "WARN route #1 `^/b`, rule #0 (group `default`), field `method`: `GETT` is not a standard HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?\n",
+        "WARN route #1 `^/b`, rule #0 (group `default`), field `method`: `GETT` is not a registered HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?\n",
     )
     .await;
 
