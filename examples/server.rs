@@ -62,6 +62,10 @@ const DEMO: &str = r#"# API key -> group; other keys are "default"
 [groups]
 "admin-key" = "admin"
 
+# CORS preflights pass unlimited (a browser sends one before a request).
+[exclude]
+methods = ["OPTIONS"]
+
 [[routes]]
 path = "^/towns"
 rules = [
@@ -591,7 +595,12 @@ const BAD_DEMO_STATUS: &str =
 /// 204, 205 or 304, whose responses have no body (the demo's has one), nor
 /// a 1xx, which is not a final answer; `None` for any other value.
 fn demo_status(value: &http::HeaderValue) -> Option<http::StatusCode> {
-    let code: u16 = value.to_str().ok()?.trim().parse().ok()?;
+    // (Three digits exactly: `u16`'s parse takes `+401` and `0401` too.)
+    let text = value.to_str().ok()?.trim();
+    if text.len() != 3 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let code: u16 = text.parse().ok()?;
     match code {
         204 | 205 | 304 => None,
         200..=599 => http::StatusCode::from_u16(code).ok(),

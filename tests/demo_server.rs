@@ -183,6 +183,17 @@ async fn the_built_in_table_limits_a_client_and_not_an_admin() {
     let other = get(addr, "/elsewhere", &[]).await;
     assert_eq!(other.status, 200);
     assert!(!other.has_limit_headers());
+    // CORS preflights are excluded: never limited, and they spend nothing
+    // (a fresh client's one request a second still passes after three).
+    let client = [("x-api-key", "preflighting")];
+    for _ in 0..3 {
+        let preflight = send(addr, "OPTIONS", "/towns", &client).await;
+        assert_eq!(preflight.status, 200, "{preflight:?}");
+        assert!(!preflight.has_limit_headers(), "{preflight:?}");
+    }
+    let first = get(addr, "/towns", &client).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("0"));
 }
 
 #[tokio::test]
@@ -698,7 +709,8 @@ async fn the_demo_status_header_takes_only_statuses_with_a_body() {
         assert_eq!(answer.status.to_string(), code, "{answer:?}");
     }
     for bad in [
-        "100", "101", "199", "204", "205", "304", "600", "999", "0", "2000", "ok", "",
+        "100", "101", "199", "204", "205", "304", "600", "999", "0", "2000", "ok", "", "+401",
+        "0401", "4 01",
     ] {
         let answer = get(addr, "/elsewhere", &[("x-demo-status", bad)]).await;
         assert_eq!(answer.status, 400, "{bad}: {answer:?}");
