@@ -1244,7 +1244,7 @@ impl RulesBuilder {
         // The shape of each zone's first rule with limits.
         let mut zones: BTreeMap<&str, Shape> = BTreeMap::new();
         let mut patterns: BTreeMap<&str, usize> = BTreeMap::new();
-        // (Only a plain exclusion, or an earlier plain route, can be found
+        // (Only a plain exclusion, or an earlier plain route (`^/api`, `^/api/.*`), can be found
         // to cover a route, from the route's literal prefixes: see
         // `Rules::warnings`.)
         let plain_covers = self
@@ -1254,7 +1254,7 @@ impl RulesBuilder {
             || self
                 .routes
                 .iter()
-                .any(|r| literal_prefix(&r.pattern).is_some());
+                .any(|r| covering_literal(&r.pattern).is_some());
         let mut route_prefixes = Vec::with_capacity(self.routes.len());
         // (What the route set's automata take, route by route.)
         let (mut set_memory, mut set_states) = (0, [0, 0]);
@@ -1722,11 +1722,11 @@ fn warnings(
         }
     }
     let excluded = |method: &Method| exclude_methods.iter().any(|x| applies(x, method));
-    // The plain routes (`^/api`), by their literal.
+    // The plain routes (`^/api`, `^/api/.*`), by their literal.
     let plain: HashMap<&[u8], usize> = routes
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| literal_prefix(&r.pattern).map(|l| (l.as_bytes(), i)))
+        .filter_map(|(i, r)| covering_literal(&r.pattern).map(|l| (l.as_bytes(), i)))
         .collect();
     for (ri, (route, prefixes)) in routes.iter().zip(route_prefixes).enumerate() {
         let at_route = Location {
@@ -1906,6 +1906,18 @@ fn literal_prefix(pattern: &str) -> Option<&str> {
     let literal = pattern.strip_prefix('^')?;
     let plain = |c: char| !c.is_whitespace() && !"\\.+*?()|[]{}^$#".contains(c);
     literal.chars().all(plain).then_some(literal)
+}
+
+/// The literal `L` of a route that matches every path starting with it:
+/// `^L`, `^L.*` or `^L.*$` (`.` matches anything but a newline, which a
+/// path as sent never holds, and a route applies when the path as sent
+/// matches it).
+fn covering_literal(pattern: &str) -> Option<&str> {
+    let head = pattern
+        .strip_suffix(".*$")
+        .or_else(|| pattern.strip_suffix(".*"))
+        .unwrap_or(pattern);
+    literal_prefix(head)
 }
 
 /// Marks the policies whose budget another policy (a zone's rule on

@@ -1220,6 +1220,15 @@ fn rules_shadowed_by_an_earlier_route_are_warned_about() {
         shadowed(&[("^/a", any()), ("^/b", any()), ("^/(a|b)/x", any())]),
         [(2, 0, 0)]
     );
+    // A broader route written with a trailing `.*` (or `.*$`) too.
+    assert_eq!(
+        shadowed(&[("^/api/.*", any()), ("^/api/login", any())]),
+        [(1, 0, 0)]
+    );
+    assert_eq!(
+        shadowed(&[("^/api.*$", any()), ("^/api/login$", any())]),
+        [(1, 0, 0)]
+    );
     assert_eq!(
         shadowed(&[
             ("^/api", any().method("GET")),
@@ -1237,6 +1246,8 @@ fn rules_shadowed_by_an_earlier_route_are_warned_about() {
     // Not shadowed.
     for routes in [
         vec![("^/api/login", any()), ("^/api", any())],
+        vec![("^/api/.+", any()), ("^/api/", any())],
+        vec![("^/api\\.x.*", any()), ("^/api/login", any())],
         vec![("^/api", Rule::group("admin")), ("^/api/login", any())],
         vec![("^/api", any().method("POST")), ("^/api/login", any())],
         vec![
