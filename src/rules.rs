@@ -1244,9 +1244,9 @@ impl RulesBuilder {
         // The shape of each zone's first rule with limits.
         let mut zones: BTreeMap<&str, Shape> = BTreeMap::new();
         let mut patterns: BTreeMap<&str, usize> = BTreeMap::new();
-        // (Only a plain exclusion, or an earlier plain route (`^/api`, `^/api/.*`), can be found
-        // to cover a route, from the route's literal prefixes: see
-        // `Rules::warnings`.)
+        // (Only a plain exclusion, or an earlier plain route, `^/api` or
+        // `^/api/.*`, can be found to cover a route, from the route's
+        // literal prefixes: see `Rules::warnings`.)
         let plain_covers = self
             .exclude_paths
             .iter()
