@@ -62,7 +62,7 @@ const DEMO: &str = r#"# API key -> group; other keys are "default"
 [groups]
 "admin-key" = "admin"
 
-# CORS preflights pass unlimited (a browser sends one before a request).
+# OPTIONS requests pass unlimited (a browser sends a CORS preflight before a request).
 [exclude]
 methods = ["OPTIONS"]
 

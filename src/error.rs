@@ -31,8 +31,8 @@ pub enum ConfigErrorKind {
     /// The route patterns up to this one compile, together, to more than
     /// the route set may take (256 MiB; each alone is within the `regex`
     /// crate's 10 MiB): most often many Unicode classes (`\w`, `\d`),
-    /// which the ASCII ones (`(?-u:\w)`, `[0-9]`) replace at a fraction of
-    /// the size.
+    /// which ASCII ranges (`[0-9]`, `[_0-9A-Za-z]`) replace at a fraction
+    /// of the size.
     RoutesTooLarge,
     /// A limit is zero, negative or above `u32::MAX`; a rule without
     /// limits is written by leaving every window out.
@@ -91,8 +91,12 @@ pub enum ConfigErrorKind {
     /// A trusted proxy network is not an address or CIDR block.
     InvalidNetwork(String),
     /// An item of a limit text ([`Rule::limits`](crate::Rule::limits), or
-    /// `limits` in a configuration file) cannot be read; says which and why.
+    /// `limits` in a configuration file), or a configuration file's
+    /// `windows` list, cannot be read; says which and why.
     LimitText(String),
+    /// A configuration file's `block_time` is not a duration; says why and
+    /// how to write one.
+    InvalidBlockTime(String),
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -237,12 +241,12 @@ impl fmt::Display for Full<'_> {
             ),
             ConfigErrorKind::TooManyClasses(n) => write!(
                 f,
-                "the pattern has {n} Perl or Unicode classes (`\\w`, `\\d`, `\\pL`), more than a pattern may have ({}); ASCII ones (`[0-9]`, `[a-z]`) are not counted",
+                "the pattern has {n} Perl or Unicode classes (`\\w`, `\\d`, `\\pL`), more than a pattern may have ({}); ASCII ranges (`[0-9]`, `[a-z]`) are not counted",
                 crate::rules::MAX_CLASSES
             ),
             ConfigErrorKind::RoutesTooLarge => write!(
                 f,
-                "the route patterns up to this one compile to more than the route set may take together ({} MiB): Unicode classes (`\\w`, `\\d`, `.`) are the largest part of most patterns, and ASCII ones (`(?-u:\\w)`, `[0-9]`, `[^/]`) a fraction of them",
+                "the route patterns up to this one compile to more than the route set may take together ({} MiB): Perl and Unicode classes (`\\w`, `\\d`, `\\pL`) are the largest part of most patterns, and ASCII ranges (`[0-9]`, `[a-z]`, `[_0-9A-Za-z]`) a fraction of them",
                 crate::rules::SET_SIZE_LIMIT >> 20
             ),
             ConfigErrorKind::InvalidLimit(n) => {
@@ -319,7 +323,9 @@ impl fmt::Display for Full<'_> {
                 f,
                 "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8; an IPv4-mapped one, `::ffff:a.b.c.d/N`, needs N of 96 or more)"
             ),
-            ConfigErrorKind::LimitText(why) => f.write_str(why),
+            ConfigErrorKind::LimitText(why) | ConfigErrorKind::InvalidBlockTime(why) => {
+                f.write_str(why)
+            }
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }
     }
@@ -371,7 +377,7 @@ pub enum ConfigWarningKind {
     UnusualMethod {
         /// The method, in capitals.
         method: String,
-        /// The standard method one or two letters away, if any.
+        /// The standard or registered method one edit away, if any.
         nearest: Option<&'static str>,
     },
     /// Every path the route matches is excluded by `exclude.paths[i]`
@@ -391,8 +397,9 @@ pub enum ConfigWarningKind {
     /// An exclusion (`exclude.paths[i]`, a plain `^literal`) spells a
     /// character percent-encoded (`^/a%20b`): an exclusion applies only
     /// when the path matches it both as sent and decoded (see
-    /// [`decode_path`](crate::rules::decode_path)), and the decoded path
-    /// never starts with `%20`, so it excludes nothing.
+    /// [`decode_path`](crate::rules::decode_path)), and a path that starts
+    /// with `/a%20b` decodes to one that starts with `/a b`, so (unless
+    /// another exclusion matches that) it excludes nothing.
     EncodedExclusion(String),
     /// An earlier route (the index and pattern given) matches every path
     /// this rule's route matches, and has a rule for its group and method,

@@ -682,6 +682,8 @@ async fn a_block_time_is_read_in_seconds_or_with_a_unit() {
         ("\"1500ms\"", 2),
         ("\"2 minutes\"", 120),
         ("\"1D\"", 86_400),
+        ("\"1H 30Min\"", 5_400),
+        ("\"5MS\"", 1),
     ];
     for (form, seconds) in forms {
         let rules = tower_ratelimit::Rules::from_toml(&format!(

@@ -54,7 +54,7 @@ fn quickstart() -> Result<axum::Router, ConfigError> {
     let rules = Rules::builder()
         .route(r"^/towns", [Rule::group("default").second(1), Rule::group("admin")]) // admin: no limits
         .route(r"^/multiple", [Rule::new().second(5).minute(100).hour(1000)])
-        .exclude_method("OPTIONS")        // CORS preflights pass, unlimited
+        .exclude_method("OPTIONS")        // OPTIONS (CORS preflights) pass, unlimited
         .build()?;                        // Err(ConfigError) names the bad route, rule and field
 
     let app: Router = Router::new()
