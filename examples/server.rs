@@ -447,20 +447,27 @@ async fn serve<St: Store>(
         // Responses keep axum's own body type: no box per response.
         .same_body();
     let app = Router::new()
-        .fallback(|uri: http::Uri, headers: http::HeaderMap| async move {
-            // (`x-demo-status: 401` answers 401, to try --penalty.)
-            let status = match headers.get("x-demo-status").map(demo_status) {
-                None => http::StatusCode::OK,
-                Some(Some(status)) => status,
-                Some(None) => return (http::StatusCode::BAD_REQUEST, BAD_DEMO_STATUS.to_owned()),
-            };
-            let word = if status.is_success() {
-                "ok"
-            } else {
-                status.as_str()
-            };
-            (status, format!("{word} {}\n", uri.path()))
-        })
+        .fallback(
+            |uri: http::Uri, headers: http::HeaderMap, mut body: axum::body::Body| async move {
+                // (An allowed upload is read to its end and dropped, so that
+                // its client gets the answer rather than a broken pipe.)
+                while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut body).await {}
+                // (`x-demo-status: 401` answers 401, to try --penalty.)
+                let status = match headers.get("x-demo-status").map(demo_status) {
+                    None => http::StatusCode::OK,
+                    Some(Some(status)) => status,
+                    Some(None) => {
+                        return (http::StatusCode::BAD_REQUEST, BAD_DEMO_STATUS.to_owned())
+                    }
+                };
+                let word = if status.is_success() {
+                    "ok"
+                } else {
+                    status.as_str()
+                };
+                (status, format!("{word} {}\n", uri.path()))
+            },
+        )
         .layer(layer);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -701,6 +701,38 @@ async fn penalties_and_refunds_follow_the_response_status() {
 
 /// `x-demo-status` asks for a final status with a body: 200 to 599 but
 /// 204, 205 and 304; anything else is a 400 saying so.
+/// An allowed upload is read to its end: its client can send it whole,
+/// gets the answer, and the connection carries the next request.
+#[tokio::test]
+async fn an_allowed_upload_is_read_and_the_connection_goes_on() {
+    let addr = demo(&[]).await;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let size = 4 << 20;
+    let head =
+        format!("POST /elsewhere HTTP/1.1\r\nhost: localhost\r\ncontent-length: {size}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let chunk = vec![b'x'; 64 << 10];
+    for _ in 0..size / chunk.len() {
+        tokio::time::timeout(Duration::from_secs(10), stream.write_all(&chunk))
+            .await
+            .expect("the body is read within 10 s")
+            .expect("the server reads the whole body");
+    }
+    stream
+        .write_all(b"GET /after HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut bytes))
+        .await
+        .expect("answers within 10 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 2, "{text}");
+    assert!(text.contains("ok /elsewhere\n"), "{text}");
+    assert!(text.ends_with("ok /after\n"), "{text}");
+}
+
 #[tokio::test]
 async fn the_demo_status_header_takes_only_statuses_with_a_body() {
     let addr = demo(&[]).await;
