@@ -455,6 +455,9 @@ impl fmt::Display for FullWarning<'_> {
         let this = self.0;
         write_location(f, &this.at)?;
         match &this.kind {
+            ConfigWarningKind::UnusualMethod { method, .. } if method == "*" => f.write_str(
+                "`*` is no method a request is sent with, so this applies to none; leave the method out to mean every method",
+            ),
             ConfigWarningKind::UnusualMethod { method, nearest } => {
                 let method = quoted(method);
                 write!(f, "{method} is not a registered HTTP method, so only requests sent with exactly {method} are concerned")?;

@@ -1042,6 +1042,18 @@ fn warnings_name_what_is_most_likely_not_meant() {
         "route #0 `^/a`, rule #0 (group `typo`), field `method`: `GETT` is not a registered HTTP method, so only requests sent with exactly `GETT` are concerned; did you mean `GET`?"
     );
     assert!(shown[2].ends_with("(right for a private extension method)"));
+    // `*` (IANA's reserved name) is no method: said so.
+    let rules = Rules::builder()
+        .route("^/a", [Rule::new().method("*").second(1)])
+        .build()
+        .unwrap();
+    assert!(
+        rules.warnings()[0]
+            .to_string()
+            .ends_with("leave the method out to mean every method"),
+        "{}",
+        rules.warnings()[0]
+    );
     // A suggestion only one edit away (a letter changed, added, left out,
     // two swapped).
     for (method, nearest) in [
