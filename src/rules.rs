@@ -1099,8 +1099,11 @@ fn many_prefixes(prefixes: &[Box<str>], path: &str) -> Option<Candidates> {
 /// parameters they hand their handlers (axum's `Path`): `/users/%61dmin` is
 /// `/users/admin`, and `/caf%C3%A9` is `/café`. An encoded slash stays
 /// encoded, as `%2F` in capitals (it does not split a segment, and a
-/// router does not route by it as by a `/`); an escape that is not two hex
-/// digits stays as it is, and bytes that are not UTF-8 become U+FFFD.
+/// router does not route by it as by a `/`), and so does a `%25` before
+/// `2F` (so that `%2F` in a decoded path always is an encoded slash, and
+/// `/a%252Fb`, the text `a%2Fb`, is not `/a%2Fb`); an escape that is not
+/// two hex digits stays as it is, and bytes that are not UTF-8 become
+/// U+FFFD.
 ///
 /// A path with a `%` is matched both as it was sent and as this decodes
 /// it: a route applies when its pattern matches either (a router routes
@@ -1114,6 +1117,7 @@ fn many_prefixes(prefixes: &[Box<str>], path: &str) -> Option<Candidates> {
 ///
 /// assert_eq!(decode_path("/users/%61dmin"), "/users/admin");
 /// assert_eq!(decode_path("/caf%c3%a9/a%2fb/100%"), "/café/a%2Fb/100%");
+/// assert_eq!(decode_path("/a%252Fb/100%25"), "/a%252Fb/100%");
 /// ```
 pub fn decode_path(path: &str) -> String {
     let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16));
@@ -1126,6 +1130,15 @@ pub fn decode_path(path: &str) -> String {
                 bytes.nth(1);
                 match u8::try_from(high * 16 + low) {
                     Ok(b'/') => out.extend_from_slice(b"%2F"),
+                    // (`%252F` is the text `%2F`, not an encoded slash.)
+                    Ok(b'%')
+                        if bytes
+                            .as_slice()
+                            .get(..2)
+                            .is_some_and(|n| n.eq_ignore_ascii_case(b"2F")) =>
+                    {
+                        out.extend_from_slice(b"%25");
+                    }
                     Ok(decoded) => out.push(decoded),
                     Err(_) => {}
                 }
@@ -2656,6 +2669,9 @@ mod tests {
             assert_eq!(matched(rules, "/caf%C3%A9"), [1]);
             assert_eq!(matched(rules, "/files/a%2fb"), [2]);
             assert_eq!(matched(rules, "/files/a/b"), Vec::<usize>::new());
+            // (`%252F` is the text `%2F`, not an encoded slash.)
+            assert_eq!(matched(rules, "/files/a%252Fb"), Vec::<usize>::new());
+            assert_eq!(matched(rules, "/users/%2561dmin"), Vec::<usize>::new());
         }
         // A pattern written encoded still matches the path as sent.
         assert_eq!(matched(&regexes, "/caf%C3%A9"), [1]);
