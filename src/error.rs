@@ -188,7 +188,14 @@ fn cut(text: &str, most: usize) -> (&str, usize) {
 /// A pattern (or a method) in backquotes, cut at [`LONGEST_PATTERN`] bytes
 /// (so that what is said about it stays within [`LONGEST_LINE`]).
 fn quoted(pattern: &str) -> String {
-    match cut(pattern, LONGEST_PATTERN) {
+    quoted_at(pattern, LONGEST_PATTERN)
+}
+
+/// A pattern in backquotes cut at `most` bytes: a second pattern a message
+/// names by its index too is cut at a third of [`LONGEST_PATTERN`], so
+/// that what is said of the two stays on the line.
+fn quoted_at(pattern: &str, most: usize) -> String {
+    match cut(pattern, most) {
         (pattern, 0) => format!("`{pattern}`"),
         (head, more) => format!("`{head}…` ({more} more bytes)"),
     }
@@ -469,12 +476,12 @@ impl fmt::Display for FullWarning<'_> {
             ConfigWarningKind::ExcludedRoute { exclusion, pattern } => write!(
                 f,
                 "every path this route matches is excluded by exclude.paths[{exclusion}] {}, so its rules apply only to a path that spells the excluded part percent-encoded (`/%68ealth` for `/health`), which is excluded only when both spellings are",
-                quoted(pattern)
+                quoted_at(pattern, LONGEST_PATTERN / 3)
             ),
             ConfigWarningKind::ShadowedRule { route, pattern } => write!(
                 f,
-                "route #{route} {}, listed earlier, matches every path this route matches and has a rule for this group and method, so this rule never applies (list the narrower route first)",
-                quoted(pattern)
+                "route #{route} {}, listed earlier, takes every path this route matches with a rule for this group and method, so this rule never applies (list the narrower route first)",
+                quoted_at(pattern, LONGEST_PATTERN / 3)
             ),
             ConfigWarningKind::EncodedExclusion(pattern) => write!(
                 f,

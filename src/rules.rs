@@ -1855,7 +1855,12 @@ impl RoutePrefixes {
         use regex_syntax::hir::literal::{ExtractKind, Extractor};
         use regex_syntax::hir::Look;
         let anchored = hir.properties().look_set_prefix().contains(Look::Start);
-        let prefixes = Extractor::new().kind(ExtractKind::Prefix).extract(hir);
+        // (Literals up to 4 KiB, where the extractor's default cuts them
+        // at 100 bytes: a longer plain route or exclusion is found too.)
+        let prefixes = Extractor::new()
+            .kind(ExtractKind::Prefix)
+            .limit_literal_len(4096)
+            .extract(hir);
         let literals: Vec<Vec<u8>> = prefixes
             .literals()?
             .iter()

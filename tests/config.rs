@@ -1250,6 +1250,12 @@ fn rules_shadowed_by_an_earlier_route_are_warned_about() {
         shadowed(&[("^/a", any()), ("^/b", any()), ("^/(a|b)/x", any())]),
         [(2, 0, 0)]
     );
+    // A broader route's literal longer than 100 bytes too.
+    let long = format!("^/{}", "l".repeat(150));
+    assert_eq!(
+        shadowed(&[(&long, any()), (&format!("{long}/x"), any())]),
+        [(1, 0, 0)]
+    );
     // A broader route written with a trailing `.*` (or `.*$`) too.
     assert_eq!(
         shadowed(&[("^/api/.*", any()), ("^/api/login", any())]),

@@ -878,7 +878,7 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     log.until(&format!("INFO reloaded {}: 3 routes\n", file.path()))
         .await;
     log.until(
-        "WARN route #2 `^/b/c`, rule #0 (group `default`): route #1 `^/b`, listed earlier, matches every path this route matches and has a rule for this group and method, so this rule never applies (list the narrower route first)\n",
+        "WARN route #2 `^/b/c`, rule #0 (group `default`): route #1 `^/b`, listed earlier, takes every path this route matches with a rule for this group and method, so this rule never applies (list the narrower route first)\n",
     )
     .await;
     log.until(
