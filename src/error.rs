@@ -37,7 +37,8 @@ pub enum ConfigErrorKind {
     /// A limit is zero, negative or above `u32::MAX`; a rule without
     /// limits is written by leaving every window out.
     InvalidLimit(i64),
-    /// A window's duration is zero, negative or too long.
+    /// A window's duration, or a rule's block time, is under a millisecond
+    /// (zero or negative in a file) or longer than ten years.
     InvalidDuration,
     /// A configuration window gives both or neither of `seconds` and
     /// `millis`.
@@ -399,14 +400,15 @@ pub enum ConfigWarningKind {
         pattern: String,
     },
     /// Every method the rule applies to is excluded (`exclude.methods`),
-    /// so it never applies.
+    /// so it never applies. The rule's method, in capitals.
     ExcludedMethod(String),
     /// An exclusion (`exclude.paths[i]`, a plain `^literal`) spells a
     /// character percent-encoded (`^/a%20b`): an exclusion applies only
     /// when the path matches it both as sent and decoded (see
     /// [`decode_path`](crate::rules::decode_path)), and a path that starts
     /// with `/a%20b` decodes to one that starts with `/a b`, so (unless
-    /// another exclusion matches that) it excludes nothing.
+    /// another exclusion matches that) it excludes nothing. The exclusion's
+    /// pattern.
     EncodedExclusion(String),
     /// An earlier route (the index and pattern given) matches every path
     /// this rule's route matches, and has a rule for its group and method,

@@ -222,6 +222,10 @@ impl std::ops::Deref for RulesGuard<'_> {
 /// let app: Router = Router::new()
 ///     .route("/api/hello", get(|| async { "hi" }))
 ///     .layer(RateLimitLayer::new(rules, MemoryStore::new()));
+/// // The default identity, the client's IP, needs the peer address:
+/// // serve with it, or every limited request is answered 500.
+/// let service = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+/// # drop(service);
 /// # Ok::<(), tower_ratelimit::ConfigError>(())
 /// ```
 ///
@@ -317,6 +321,11 @@ impl<St: Store> RateLimitLayer<St, ClientIp> {
     /// users by their IP address ([`ClientIp`]) until
     /// [`identify`](Self::identify) says otherwise. Shadow mode and the
     /// header mode are the table's unless the layer sets its own.
+    ///
+    /// [`ClientIp`] reads the peer address the server records: under axum,
+    /// serve with `into_make_service_with_connect_info::<SocketAddr>()`
+    /// (under tonic, the `tonic` feature reads its own); without it every
+    /// limited request is answered 500, as an identity error.
     pub fn new(rules: impl Into<RuleSource>, store: St) -> Self {
         let rules = rules.into();
         let options = Options {
@@ -411,7 +420,11 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
         self
     }
 
-    /// What to do when the store fails (default [`FailMode::Open`]).
+    /// What to do when the store fails (default [`FailMode::Open`]): an
+    /// error, or its deadline passed. The deadline is the store's own
+    /// (`RedisStoreBuilder::timeout`, 50 ms by default); the layer sets
+    /// none, so a store of your own bounds its checks itself (see
+    /// [`Store`]).
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
         self.options.fail_mode = mode;
         self.fresh()
@@ -585,8 +598,14 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
         self.fresh()
     }
 
-    /// Builds the response to a denied request. The layer still adds the
+    /// Builds the response to every denied request (by a window or by a
+    /// block: "blocked" here is any denial). The layer still adds the
     /// rate-limit headers, and `Retry-After` unless the response has one.
+    /// It replaces gRPC's answer too (trailers-only, `RESOURCE_EXHAUSTED`):
+    /// the hook sees only the [`Decision`], so on a service that also
+    /// takes gRPC leave it unset or answer gRPC's way yourself.
+    /// [`Decision::exceeds_limit`] tells whether a request of a given cost
+    /// could ever pass.
     pub fn on_blocked(
         mut self,
         f: impl Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
@@ -597,7 +616,8 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
 
     /// Builds the response to a request whose identity function failed
     /// (default: the error's status, `401` unless it says otherwise, with a
-    /// problem+json body).
+    /// problem+json body; a gRPC request gets the matching gRPC status,
+    /// which this hook, when set, replaces too).
     pub fn on_identity_error(
         mut self,
         f: impl Fn(&IdentityError) -> Response<Bytes> + Send + Sync + 'static,

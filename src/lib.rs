@@ -68,8 +68,10 @@
 //! limited request (route pattern, outcome, remaining, and `store_us`, the
 //! store's latency in microseconds, when an asynchronous store was asked);
 //! `trace` adds the budget key (which holds the encoded user: never at
-//! `info`); `info` when shadow mode lets through a request it would deny;
-//! `warn`, at most once a second, when the store fails.
+//! `info`); `info` when shadow mode lets through a request it would deny, when a
+//! failing store answers again (leaving the fallback store), and when the
+//! Redis store reconnects or follows a new Sentinel master; `warn`, at
+//! most once a second, when the store fails a check or an adjustment.
 //!
 //! Metrics (cargo feature `metrics`, through the `metrics` crate):
 //! `tower_ratelimit_requests_total{outcome}` with outcome `allowed`,
@@ -78,10 +80,13 @@
 //! while the store is failing) or `fallback_denied`;
 //! `tower_ratelimit_near_limit_total`, the allowed requests after which a
 //! window had spent at least 80% of its limit (budgets about to be
-//! denied); `tower_ratelimit_store_errors_total`; and the histogram
+//! denied); `tower_ratelimit_store_errors_total` (failed checks and
+//! adjustments); and the histogram
 //! `tower_ratelimit_store_latency_seconds` (every call of an asynchronous
 //! store, failed ones included; not a call the client gave up on before it
-//! ended).
+//! ended). Metrics carry no route label (a label per route pattern would
+//! be unbounded for a table that grows): the `debug` events name the
+//! route.
 
 #![forbid(unsafe_code)]
 // Nothing on a request path may panic; tests may unwrap.

@@ -604,7 +604,9 @@ impl Route {
     /// has no windows stay unlimited.
     ///
     /// On Redis Cluster every key of such a route lives in one slot (the
-    /// route's): the route-wide budget is one hot key by nature.
+    /// route's): the route-wide budget is one hot key by nature. (Not the
+    /// identity [`Global`](crate::identity::Global), which makes every
+    /// request one user, and so has no per-user windows.)
     pub fn global(mut self, limits: Rule) -> Self {
         self.global = Some(limits);
         self
@@ -927,7 +929,10 @@ impl Rules {
         RulesBuilder::default()
     }
 
-    /// Parses and validates a TOML rule table (see [`Config`]).
+    /// Parses and validates a TOML rule table (see [`Config`]). A
+    /// `[groups]` table is validated and dropped: it maps keys to groups,
+    /// which is the identity function's work; read it with
+    /// [`Config::from_toml`] and [`Config::groups`].
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         Config::from_toml(text).map(Config::into_rules)
     }

@@ -81,7 +81,8 @@ fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 /// The client IP as seen through trusted reverse proxies, in group
-/// `"default"`.
+/// `"default"`. As [`ClientIp`], it needs the peer address (without it,
+/// every limited request is answered 500).
 ///
 /// The peer address (see [`ClientIp`]) is the client, unless the peer is a
 /// trusted proxy: then the forwarding chain your proxies write
@@ -98,7 +99,8 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// A hop is an address (`1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]:80`; an
 /// IPv6 address's zone, `fe80::1%eth0`, is left out, as it names an
 /// interface of the proxy's, for trust as for the budget) or a token
-/// (`unknown`, `_hidden`). A port after either, a number or RFC 7239's
+/// (`unknown`, `_hidden`): a token is the user `token:<token>`, so every
+/// client a proxy writes as `for=unknown` shares one budget. A port after either, a number or RFC 7239's
 /// obfuscated one (`_k3x9`), is left out too: it changes with every
 /// connection, and would give each its own budget. Proxies must bracket an
 /// IPv6 address that has a port (`[2001:db8::1]:443`, as RFC 7239

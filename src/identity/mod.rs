@@ -185,7 +185,10 @@ impl Identity {
         }
     }
 
-    /// Puts the user in `group`.
+    /// Puts the user in `group`. A group no rule of a matching route names
+    /// is not limited there (as a group with no limits), so a misspelled
+    /// group is unlimited: [`Config::groups_without_rules`](crate::Config::groups_without_rules)
+    /// finds a config file's.
     #[must_use]
     pub fn with_group(mut self, group: impl Into<Cow<'static, str>>) -> Self {
         self.group = group.into();
@@ -636,6 +639,10 @@ impl Identify for HeaderKey {
 }
 
 /// Everyone is the same user: one budget per route for the whole service.
+/// (To limit a route as a whole *and* each user, keep a per-user identity
+/// and give the route a route-wide budget,
+/// [`Route::global`](crate::Route::global), checked with each user's in one
+/// call.)
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Global;
 

@@ -8,6 +8,14 @@
 //!
 //! # Memory
 //!
+//! The store holds one entry per budget with a request in its windows,
+//! and sets no limit on their number: an identity that anyone can vary
+//! (a header, an IPv6 address: [`Identity::from_ip`](crate::identity::Identity::from_ip)
+//! groups IPv6 clients by their /64) makes a budget per value until its
+//! windows pass. An entry is 128 bytes in its table; a sliding log also
+//! keeps a ring of 8 bytes per request in its longest window, on the heap;
+//! the counter algorithms keep nothing more.
+//!
 //! A budget whose windows are all empty is garbage. It is reclaimed by a
 //! *sweep* of its shard, which starts:
 //!

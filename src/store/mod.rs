@@ -577,7 +577,10 @@ impl Decision {
     }
 
     /// For a denied request, the exact time until it would be allowed (the
-    /// largest wait among the windows that deny it).
+    /// largest wait among the windows that deny it); for a user blocked by
+    /// a rule's block time, until the block ends; for a request that costs
+    /// more than a window's limit and so never passes (see
+    /// [`exceeds_limit`](Self::exceeds_limit)), the window's length.
     pub fn retry_after(&self) -> Option<Duration> {
         (self.retry_after != NO_RETRY).then(|| Duration::from_micros(self.retry_after))
     }
@@ -780,6 +783,13 @@ pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreEr
 /// the store (clone an `Arc` into it), so the layer can hold it across
 /// awaits without boxing. Every window's remaining is reported exactly,
 /// except where a check allows otherwise ([`Check::exact_windows`]).
+///
+/// The layer sets no deadline on a check: a store that may wait (on a
+/// network) bounds its own, answering [`StoreErrorKind::Timeout`] when it
+/// passes (the Redis store's is
+/// `RedisStoreBuilder::timeout`),
+/// or a stalled store holds its requests. The future may be dropped at
+/// any await (the client went away): a check must be safe to cancel.
 ///
 /// Every field of a check is part of the question, and a store must honour
 /// each, or refuse the check with a [`StoreErrorKind::Config`] error (then

@@ -205,8 +205,9 @@ pub const FIXED_WINDOW_LUA: &str = script!("counter_state.lua", "fixed_window.lu
 pub const TOKEN_BUCKET_LUA: &str = script!("counter_state.lua", "token_bucket.lua");
 
 /// The general script of `algorithm`: the one the store runs for checks
-/// with route-wide windows, a block time, or more windows than a
-/// straight-line script is made for (see [`straight_lua`]).
+/// with route-wide windows, a block time (but for a sliding log's), or
+/// more windows than a straight-line script is made for (see
+/// [`straight_lua`]).
 pub fn general_lua(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::SlidingLog => SLIDING_LOG_LUA,
@@ -274,8 +275,8 @@ const STRAIGHT_LOG_PACKED: &str = include_str!("../../scripts/straight_log_packe
 const STRAIGHT_LOG_HELPERS: &str = include_str!("../../scripts/straight_log_helpers.lua");
 
 /// The straight-line script the store runs for a check of `windows` user
-/// windows with `algorithm`, no route-wide windows and no block time, when
-/// there is one (1 to 5 windows): it decides exactly as the general script
+/// windows with `algorithm`, no route-wide windows and no block time (a
+/// sliding log's may have one), when there is one (1 to 5 windows): it decides exactly as the general script
 /// (and the memory store), with every number in a Lua local and no loop on
 /// its usual path, so Redis spends 44-47% less on it; the sliding log's
 /// keeps its log packed in one string instead of a sorted set
@@ -982,6 +983,10 @@ type Connect<C> = Box<dyn Fn() -> BoxFuture<RedisResult<C>> + Send + Sync>;
 
 /// A store kept in Redis (standalone, Cluster or Sentinel); clones share one
 /// connection.
+///
+/// It needs Redis 6.0 or later (the scripts read the server's `TIME` and
+/// keep TTLs with `KEEPTTL`), and a Tokio runtime: build it inside one, and
+/// check inside one (its connection, batches and reconnects run as tasks).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -3374,7 +3379,10 @@ impl Store for RedisStore {
 
 impl RedisStoreBuilder {
     /// One Redis server, e.g. `redis://127.0.0.1:6379` (the default shape:
-    /// one multiplexed connection).
+    /// one multiplexed connection). `url`, [`cluster`](Self::cluster),
+    /// [`sentinel`](Self::sentinel), [`pool`](Self::pool) and
+    /// [`cluster_pool`](Self::cluster_pool) each name the store's target:
+    /// the last one called is the target.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.target = Some(Target::Url(url.into()));
         self
@@ -3427,8 +3435,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// With [`sentinel`](Self::sentinel): the master's credentials and
-    /// database, as a URL whose address is not used (the sentinels give
+    /// After [`sentinel`](Self::sentinel) (called before it, or with
+    /// another target, it does nothing; a later `sentinel` drops it): the
+    /// master's credentials and database, as a URL whose address is not used (the sentinels give
     /// it), e.g. `redis://app:secret@master/2`. Without it, the master is
     /// reached with no password, on database 0. Its scheme says whether the
     /// master is reached over TLS (`rediss://`, with the `tls` feature;
@@ -3549,7 +3558,10 @@ impl RedisStoreBuilder {
 
     /// The deadline of one check (default 50 ms): the script, its reload
     /// and second try after a `NOSCRIPT`, and on a Cluster its tries while
-    /// its slot moves (2 to 16 ms apart).
+    /// its slot moves (2 to 16 ms apart). A check past it fails with
+    /// [`StoreErrorKind::Timeout`], and the
+    /// layer's fail mode applies; give at least a round trip and Redis's
+    /// own time (a zero deadline fails every check).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
