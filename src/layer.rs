@@ -432,7 +432,43 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
 
     /// Decides on `clock`'s time instead of the store's own (for tests: a
     /// [`ManualClock`](crate::clock::ManualClock) makes window edges exact,
-    /// for the memory and the Redis store alike).
+    /// for the memory and the Redis store alike). It also times the
+    /// layer's own waits (cached denials, probes of a failing store), and
+    /// replaces [`local_clock`](Self::local_clock). Not for replicas in
+    /// production: each would decide on its own clock, which the Redis
+    /// store's server clock is there to avoid.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{body::Body, Router};
+    /// use http::{Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tower_ratelimit::clock::{ManualClock, Timestamp};
+    /// use tower_ratelimit::{identity::Global, MemoryStore, RateLimitLayer, Rule, Rules};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let clock = ManualClock::new(Timestamp::from_micros(1_000_000_000));
+    /// let rules = Rules::builder().route("^/", [Rule::new().second(2)]).build()?;
+    /// let layer = RateLimitLayer::new(rules, MemoryStore::new())
+    ///     .identify(Global)
+    ///     .clock(clock.clone());
+    /// let app = Router::new().fallback(|| async { "hi" }).layer(layer);
+    /// let status = |app: Router| async move {
+    ///     app.oneshot(Request::new(Body::empty())).await.map(|r| r.status())
+    /// };
+    ///
+    /// assert_eq!(status(app.clone()).await?, StatusCode::OK);
+    /// clock.advance(Duration::from_millis(500));
+    /// assert_eq!(status(app.clone()).await?, StatusCode::OK);
+    /// assert_eq!(status(app.clone()).await?, StatusCode::TOO_MANY_REQUESTS);
+    /// // The first request leaves the window exactly one second after it.
+    /// clock.advance(Duration::from_micros(499_999));
+    /// assert_eq!(status(app.clone()).await?, StatusCode::TOO_MANY_REQUESTS);
+    /// clock.advance(Duration::from_micros(1));
+    /// assert_eq!(status(app).await?, StatusCode::OK);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub fn clock(self, clock: impl Clock) -> Self {
         self.with_clock(clock, true)
     }
@@ -590,7 +626,8 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// awaited): a store that answers at once, as [`MemoryStore`](crate::MemoryStore)
     /// does, needs no cache. The cache is sharded (no global lock) and
     /// bounded (denials beyond its room are not kept; ended ones are dropped
-    /// as its shards fill; the room is split evenly over its 16 shards). On
+    /// as its shards fill; the room is split evenly over its 16 shards, at
+    /// least one entry each, so a room under 16 holds 16). On
     /// by default with room for [`DEFAULT_DENIAL_CACHE`] budgets; 0 turns
     /// it off.
     pub fn denial_cache(mut self, capacity: usize) -> Self {

@@ -258,6 +258,9 @@ impl Rule {
     }
 
     /// Shares one budget between every route whose rule names this zone.
+    /// The zone's rules must count alike (one algorithm, the same window
+    /// lengths; their limits may differ), and a route with a route-wide
+    /// limit takes no zone: both are build errors.
     pub fn zone(mut self, zone: impl Into<String>) -> Self {
         self.zone = Some(zone.into());
         self
@@ -276,6 +279,7 @@ impl Rule {
     /// that also have a block time: in a [zone](Self::zone), every route
     /// whose rule has one; a rule of another method has a budget of its
     /// own, which the block does not hold. In shadow mode no block is set.
+    /// From 1 ms to ten years, on a rule with windows (else a build error).
     pub fn block_time(mut self, duration: Duration) -> Self {
         self.block_time = Some(duration);
         self.block_time_error = None;
@@ -291,7 +295,10 @@ impl Rule {
         self
     }
 
-    /// At most `limit` requests per second.
+    /// At most `limit` requests per second. As every window's: a limit of
+    /// 0 is a build error, as is a second window of the same length in the
+    /// rule, and a sliding log counts at most
+    /// [`MAX_LOG_LIMIT`] a window (a token bucket one a microsecond).
     pub fn second(self, limit: u32) -> Self {
         self.named("second", 1, limit)
     }
@@ -1256,13 +1263,20 @@ impl RulesBuilder {
 
     /// Validates and compiles the table.
     ///
-    /// Errors name the route, the rule and the field: an invalid regular
-    /// expression or an empty one, a zero or negative limit, a window of zero length, two
-    /// windows of the same length in one rule, an unknown method, a rule
-    /// that an earlier rule of its route makes unreachable, zones that
-    /// disagree on their algorithm or window lengths, a zone on a route
-    /// with a route-wide limit, or rules of such a route that disagree on
-    /// their algorithm.
+    /// Errors name the route, the rule and the field (see
+    /// [`ConfigErrorKind`] for every one): among them an invalid regular
+    /// expression or an empty one (or one too long, with too many Unicode
+    /// classes, or too large compiled, alone or with the routes before
+    /// it), two routes with one pattern, a route without rules, a zero or
+    /// negative limit, a limit beyond what the rule's algorithm counts, a
+    /// window under a millisecond, two windows of the same length in one
+    /// rule, more than [`MAX_WINDOWS`] windows, an invalid method, a rule
+    /// that an earlier rule of its route makes unreachable, a block time
+    /// without windows, zones that disagree on their algorithm or window
+    /// lengths, a zone on a route with a route-wide limit, a route-wide
+    /// limit with fields it does not read, or rules of such a route that
+    /// disagree on their algorithm. What is valid but most likely not
+    /// meant is in [`Rules::warnings`].
     pub fn build(self) -> Result<Rules, ConfigError> {
         let mut routes = Vec::with_capacity(self.routes.len());
         // The shape of each zone's first rule with limits.

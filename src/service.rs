@@ -63,7 +63,12 @@ impl<St, I> Shared<St, I> {
 
 /// The rate-limiting service; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
-/// `M` says how it types its response body ([`BodyMode`]).
+/// `M` says how it types its response body ([`BodyMode`]). The inner
+/// service must be `Clone`: a call takes the inner service that was made
+/// ready and leaves a clone in its place, as tower's middleware do.
+/// `poll_ready` is the inner service's own, so a service whose readiness
+/// holds a resource (a concurrency permit) holds it while the layer
+/// decides.
 pub struct RateLimit<S, St, I = ClientIp, M = Wrapped> {
     inner: S,
     shared: Arc<Shared<St, I>>,
