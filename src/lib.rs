@@ -125,7 +125,7 @@ pub(crate) fn cold_path() {
 /// `axum::http::…`) to a service that does not depend on it.
 pub use http;
 
-pub use body::{RateLimitBody, SameBody};
+pub use body::{BodyMode, RateLimitBody, SameBody, Wrapped};
 pub use error::{ConfigError, ConfigErrorKind, ConfigWarning, ConfigWarningKind};
 pub use layer::{FailMode, RateLimitLayer, ReloadableRules, RuleSource, DEFAULT_DENIAL_CACHE};
 pub use rules::{Algorithm, Config, HeaderMode, Route, Rule, Rules, RulesBuilder, Window};
