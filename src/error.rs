@@ -13,6 +13,17 @@ pub(crate) struct Location {
     pub(crate) field: Option<String>,
 }
 
+impl Location {
+    /// A table-wide field (`exclude.paths[1]`, `groups."key"`): no route,
+    /// no rule.
+    pub(crate) fn field(field: String) -> Self {
+        Self {
+            field: Some(field),
+            ..Self::default()
+        }
+    }
+}
+
 /// What is wrong with a rule table.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -1452,12 +1452,8 @@ impl RulesBuilder {
         }
         mark_shared(&mut routes);
         let set = route_set(&self.routes, set_states)?;
-        let exclude_at = |field: String| Location {
-            field: Some(field),
-            ..Location::default()
-        };
         for (i, pattern) in self.exclude_paths.iter().enumerate() {
-            let at = || exclude_at(format!("exclude.paths[{i}]"));
+            let at = || Location::field(format!("exclude.paths[{i}]"));
             if pattern.is_empty() {
                 return Err(ConfigError::new(at(), ConfigErrorKind::EmptyPattern));
             }
@@ -1473,7 +1469,7 @@ impl RulesBuilder {
         } else {
             Some(RegexSet::new(&self.exclude_paths).map_err(|e| {
                 ConfigError::new(
-                    exclude_at("exclude.paths".to_owned()),
+                    Location::field("exclude.paths".to_owned()),
                     ConfigErrorKind::InvalidRegex(e),
                 )
             })?)
@@ -1482,7 +1478,7 @@ impl RulesBuilder {
         for (i, m) in self.exclude_methods.iter().enumerate() {
             exclude_methods.push(Method::from_bytes(m.as_bytes()).map_err(|_| {
                 ConfigError::new(
-                    exclude_at(format!("exclude.methods[{i}]")),
+                    Location::field(format!("exclude.methods[{i}]")),
                     ConfigErrorKind::InvalidMethod(m.clone()),
                 )
             })?);
@@ -1744,10 +1740,7 @@ fn warnings(
     };
     for (i, method) in exclude_methods.iter().enumerate() {
         if let Some(kind) = unusual(method) {
-            let at = Location {
-                field: Some(format!("exclude.methods[{i}]")),
-                ..Location::default()
-            };
+            let at = Location::field(format!("exclude.methods[{i}]"));
             found.push(ConfigWarning::new(at, kind));
         }
     }
@@ -1761,10 +1754,7 @@ fn warnings(
             !literal.starts_with(&decoded) && !exclude_set.is_some_and(|set| set.is_match(&decoded))
         });
         if encoded {
-            let at = Location {
-                field: Some(format!("exclude.paths[{i}]")),
-                ..Location::default()
-            };
+            let at = Location::field(format!("exclude.paths[{i}]"));
             let kind = ConfigWarningKind::EncodedExclusion(exclusion.clone());
             found.push(ConfigWarning::new(at, kind));
         }
@@ -2248,10 +2238,7 @@ impl Config {
             .iter()
             .find(|(key, group)| key.trim().is_empty() || group.trim().is_empty())
         {
-            let at = Location {
-                field: Some(format!("groups.{key:?}")),
-                ..Location::default()
-            };
+            let at = Location::field(format!("groups.{key:?}"));
             return Err(ConfigError::new(at, ConfigErrorKind::EmptyName));
         }
         let mut named = BTreeSet::new();

@@ -146,10 +146,7 @@ impl ForwardedIp {
             let text = text.as_ref();
             let network = Network::parse(text).ok_or_else(|| {
                 ConfigError::new(
-                    Location {
-                        field: Some(format!("trusted_proxies[{i}]")),
-                        ..Location::default()
-                    },
+                    Location::field(format!("trusted_proxies[{i}]")),
                     ConfigErrorKind::InvalidNetwork(text.to_owned()),
                 )
             })?;
