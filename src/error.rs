@@ -207,19 +207,23 @@ fn quoted(pattern: &str) -> String {
 /// names by its index too is cut at a third of [`LONGEST_PATTERN`], so
 /// that what is said of the two stays on the line.
 fn quoted_at(pattern: &str, most: usize) -> String {
-    match cut(pattern, most) {
-        (pattern, 0) => format!("`{pattern}`"),
-        (head, more) => format!("`{head}…` ({more} more bytes)"),
+    let (head, more) = cut(pattern, most);
+    backquoted(head, more)
+}
+
+/// `head` in backquotes, and how many bytes were cut after it, if any.
+fn backquoted(head: impl fmt::Display, more: usize) -> String {
+    match more {
+        0 => format!("`{head}`"),
+        more => format!("`{head}…` ({more} more bytes)"),
     }
 }
 
 /// Text from a configuration, escaped (`\n`), in backquotes and cut as
 /// [`quoted`] cuts a pattern.
 pub(crate) fn shown(text: &str) -> String {
-    match cut(text, LONGEST_PATTERN) {
-        (text, 0) => format!("`{}`", text.escape_debug()),
-        (head, more) => format!("`{}…` ({more} more bytes)", head.escape_debug()),
-    }
+    let (head, more) = cut(text, LONGEST_PATTERN);
+    backquoted(head.escape_debug(), more)
 }
 
 /// `route #1 `^/a`, rule #0 (group `g`), field `method`: `, or nothing

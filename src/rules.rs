@@ -1759,6 +1759,14 @@ fn warnings(
             found.push(ConfigWarning::new(at, kind));
         }
     }
+    // (An exclusion that spells a character percent-encoded, `^/a%20b`,
+    // never matches the decoded path, so it excludes no path a route
+    // matches as a client sends it: nothing to say of the routes under it.
+    // Worked out once, not once a route.)
+    let spelled_as_sent: Vec<bool> = exclude_paths
+        .iter()
+        .map(|x| !x.contains('%') || decode_path(x) == *x)
+        .collect();
     let excluded = |method: &Method| exclude_methods.iter().any(|x| applies(x, method));
     // The plain routes (`^/api`, `^/api/.*`), by their literal.
     let plain: HashMap<&[u8], usize> = routes
@@ -1773,7 +1781,8 @@ fn warnings(
         };
         if let Some(i) = exclude_paths
             .iter()
-            .position(|x| always_excluded(&route.pattern, prefixes.as_ref(), x))
+            .zip(&spelled_as_sent)
+            .position(|(x, &sent)| sent && always_excluded(&route.pattern, prefixes.as_ref(), x))
         {
             let kind = ConfigWarningKind::ExcludedRoute {
                 exclusion: i,
@@ -1897,12 +1906,6 @@ fn plain_exclusion(exclusion: &str) -> Option<(bool, &str)> {
 /// anchored), as its literal prefixes tell. A route they cannot tell about
 /// is not reported.
 fn always_excluded(route: &str, prefixes: Option<&RoutePrefixes>, exclusion: &str) -> bool {
-    // (An exclusion that spells a character percent-encoded, `^/a%20b`,
-    // never matches the decoded path, so it excludes no path the route
-    // matches as a client sends it: nothing to say.)
-    if exclusion.contains('%') && decode_path(exclusion) != exclusion {
-        return false;
-    }
     if route == exclusion {
         return true;
     }
