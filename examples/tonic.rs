@@ -29,9 +29,11 @@ use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
 /// The user is the `x-api-key` metadata, else the peer IP (tonic records it
 /// as `TcpConnectInfo`, which `ClientIp`, the layer's default identity,
 /// reads with the crate's `tonic` feature). Keys get a prefix no IP has,
-/// so a key that reads as an address is not that client.
-fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
-    let key = head.headers.get("x-api-key").map(|v| v.as_bytes());
+/// so a key that reads as an address is not that client. An empty key is
+/// no key: the client is known by its address (else every client sending
+/// one would share one budget).
+pub fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
+    let key = (head.headers.get("x-api-key").map(|v| v.as_bytes())).filter(|k| !k.is_empty());
     std::future::ready(match (key, ClientIp::peer(head)) {
         (Some(key), _) => Ok(Identity::new([b"key:".as_slice(), key].concat())),
         (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),

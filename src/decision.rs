@@ -524,7 +524,10 @@ pub(crate) fn grpc(
     let headers = response.headers_mut();
     let content_type = request
         .get(CONTENT_TYPE)
-        .filter(|v| v.as_bytes().starts_with(b"application/grpc-web"))
+        .filter(|v| {
+            const WEB: &[u8] = b"application/grpc-web";
+            (v.as_bytes().get(..WEB.len())).is_some_and(|head| head.eq_ignore_ascii_case(WEB))
+        })
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/grpc"));
     headers.insert(CONTENT_TYPE, content_type);
@@ -570,11 +573,14 @@ const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-p
 
 /// Whether a request is gRPC: `content-type: application/grpc`, alone or
 /// followed by `+` (a codec), `;` (parameters) or `-` (gRPC-Web's
-/// `application/grpc-web*`).
+/// `application/grpc-web*`), in any case (a media type's case does not
+/// matter, and Tonic serves `Application/GRPC` too).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
     headers.get(CONTENT_TYPE).is_some_and(|v| {
-        v.as_bytes()
-            .strip_prefix(b"application/grpc")
-            .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b'-')))
+        let v = v.as_bytes();
+        v.get(..GRPC.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(GRPC))
+            && matches!(v.get(GRPC.len()), None | Some(b'+' | b';' | b'-'))
     })
 }

@@ -384,7 +384,7 @@ async fn grpc_requests_are_denied_the_grpc_way() {
 /// `grpc-message` is percent-encoded (gRPC's rule: bytes outside printable
 /// ASCII, and `%`), so a client decodes the message exactly; a gRPC-Web
 /// request's denial keeps its content type; a look-alike content type is
-/// not gRPC.
+/// not gRPC; the content type's case does not matter.
 #[tokio::test]
 async fn grpc_answers_encode_their_message_and_keep_grpc_web() {
     let app = App::new(one(Rule::new().second(1)), MemoryStore::new());
@@ -430,6 +430,18 @@ async fn grpc_answers_encode_their_message_and_keep_grpc_web() {
     let other = app.send_request(web("application/grpcx")).await;
     assert_eq!(other.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(other.header("grpc-status"), None);
+    // A media type's case does not matter (Tonic serves these).
+    for content_type in ["Application/GRPC", "APPLICATION/GRPC-WEB-TEXT"] {
+        let denied = app.send_request(web(content_type)).await;
+        assert_eq!(denied.status, StatusCode::OK, "{content_type}");
+        assert_eq!(denied.header("grpc-status"), Some("8"), "{content_type}");
+    }
+    assert_eq!(
+        app.send_request(web("APPLICATION/GRPC-WEB-TEXT"))
+            .await
+            .header("content-type"),
+        Some("APPLICATION/GRPC-WEB-TEXT")
+    );
 }
 
 /// A request that costs more than a window's limit can never pass: it is

@@ -285,3 +285,35 @@ async fn a_real_client_reads_messages_exactly_and_is_told_not_to_retry() {
     assert_eq!(reply.metadata().get("x-ratelimit-remaining").unwrap(), "1");
     server.abort();
 }
+
+/// The example knows a client by its `x-api-key`, and one that sends an
+/// empty key by its address, as one without a key: otherwise every client
+/// sending an empty key would share one budget.
+#[test]
+fn the_examples_identity_takes_an_empty_key_for_none() {
+    use tonic::transport::server::TcpConnectInfo;
+    let user = |key: Option<&str>, ip: [u8; 4]| {
+        let mut request = http::Request::builder();
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        let mut request = request.body(()).unwrap();
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some((ip, 50051).into()),
+        });
+        let (head, ()) = request.into_parts();
+        let identity = example::identify(&head).into_inner().unwrap();
+        identity.user().to_vec()
+    };
+    let ip = |ip: [u8; 4]| {
+        tower_ratelimit::identity::Identity::from_ip(ip.into())
+            .user()
+            .to_vec()
+    };
+    assert_eq!(user(Some(""), [127, 0, 0, 2]), ip([127, 0, 0, 2]));
+    assert_eq!(user(Some(""), [127, 0, 0, 3]), ip([127, 0, 0, 3]));
+    assert_eq!(user(None, [127, 0, 0, 3]), ip([127, 0, 0, 3]));
+    assert_eq!(user(Some("k"), [127, 0, 0, 2]), b"key:k");
+    assert_eq!(user(Some("k"), [127, 0, 0, 3]), b"key:k");
+}
