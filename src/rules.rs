@@ -971,7 +971,9 @@ impl Rules {
     /// excluded part percent-encoded), an exclusion spelled
     /// percent-encoded (`^/a%20b`, which excludes nothing), a rule whose
     /// method is excluded, a rule that an earlier route always takes first
-    /// (`^/api/login` after `^/api`, both with a rule for its group). See
+    /// (`^/api/login` after `^/api`, both with a rule for its group; in
+    /// a table of up to 128 routes, compared by their automata too, so
+    /// `^/v1/[a-z]+$` after `^/v[0-9]` is found). See
     /// [`ConfigWarningKind`]. Servers should log
     /// them at start-up and after each reload (the example server does).
     ///
@@ -1294,6 +1296,10 @@ impl RulesBuilder {
                 .iter()
                 .any(|r| covering_literal(&r.pattern).is_some());
         let mut route_prefixes = Vec::with_capacity(self.routes.len());
+        // (Each route's parsed pattern, for the shadowing warnings of a
+        // table small enough to compare its routes' automata: see
+        // `Inclusion`.)
+        let mut route_hirs = Vec::new();
         // (What the route set's automata take, route by route.)
         let (mut set_memory, mut set_states) = (0, [0, 0]);
         for (ri, route) in self.routes.iter().enumerate() {
@@ -1320,6 +1326,9 @@ impl RulesBuilder {
             } else {
                 None
             });
+            if self.routes.len() <= INCLUSION_ROUTES {
+                route_hirs.push((checked.states[0] <= INCLUSION_NFA_STATES).then_some(checked.hir));
+            }
             // Budget keys are named after the pattern: two routes with one
             // pattern would share them, whatever their rules.
             if patterns.insert(&route.pattern, ri).is_some() {
@@ -1491,6 +1500,7 @@ impl RulesBuilder {
         let warnings = warnings(
             &routes,
             &route_prefixes,
+            &route_hirs,
             &self.exclude_paths,
             exclude_paths.as_ref(),
             &exclude_methods,
@@ -1721,6 +1731,7 @@ const REGISTERED_METHODS: [&str; 31] = [
 fn warnings(
     routes: &[CompiledRoute],
     route_prefixes: &[Option<RoutePrefixes>],
+    route_hirs: &[Option<regex_syntax::hir::Hir>],
     exclude_paths: &[String],
     exclude_set: Option<&RegexSet>,
     exclude_methods: &[Method],
@@ -1774,6 +1785,7 @@ fn warnings(
         .enumerate()
         .filter_map(|(i, r)| covering_literal(&r.pattern).map(|l| (l.as_bytes(), i)))
         .collect();
+    let mut inclusion = Inclusion::new(route_hirs);
     for (ri, (route, prefixes)) in routes.iter().zip(route_prefixes).enumerate() {
         let at_route = Location {
             route: Some((ri, route.pattern.to_string())),
@@ -1815,18 +1827,25 @@ fn warnings(
                     .find(|&e| routes[e].rules.iter().any(|r| shadows(r, rule)))
             };
             let by: Vec<Option<usize>> = covering.iter().map(shadowing).collect();
-            if !by.is_empty() && by.iter().all(Option::is_some) {
-                if let Some(Some(e)) = by.first() {
-                    let at = Location {
-                        rule: Some((i, rule.group.as_str().to_owned())),
-                        ..at_route.clone()
-                    };
-                    let kind = ConfigWarningKind::ShadowedRule {
-                        route: *e,
-                        pattern: routes[*e].pattern.to_string(),
-                    };
-                    found.push(ConfigWarning::new(at, kind));
-                }
+            let by = match by.first() {
+                Some(&Some(e)) if by.iter().all(Option::is_some) => Some(e),
+                // (Otherwise an earlier route whose automaton matches
+                // every path this route's does, when the table is small
+                // enough to compare them.)
+                _ => (0..ri).find(|&e| {
+                    routes[e].rules.iter().any(|r| shadows(r, rule)) && inclusion.covers(e, ri)
+                }),
+            };
+            if let Some(e) = by {
+                let at = Location {
+                    rule: Some((i, rule.group.as_str().to_owned())),
+                    ..at_route.clone()
+                };
+                let kind = ConfigWarningKind::ShadowedRule {
+                    route: e,
+                    pattern: routes[e].pattern.to_string(),
+                };
+                found.push(ConfigWarning::new(at, kind));
             }
             let Some(method) = &rule.method else {
                 continue;
@@ -1846,6 +1865,218 @@ fn warnings(
         }
     }
     found
+}
+
+/// The most routes a table may have for its shadowing warnings to compare
+/// routes by their automata (see [`Inclusion`]); a larger table's are
+/// found from literal prefixes alone.
+const INCLUSION_ROUTES: usize = 128;
+
+/// The most states [`Inclusion::covers`] visits over a whole table, and
+/// the most states a route's automaton (its NFA) may have to be compared:
+/// a table of patterns with large classes (`\w`, `\pL`: hundreds of
+/// states) warns less, and is checked in milliseconds still.
+const INCLUSION_STATES: usize = 100_000;
+const INCLUSION_NFA_STATES: usize = 256;
+
+/// The most pairs of states one comparison visits, and the most bytes a
+/// route's automaton may take (`.*x.{10}`, unanchored, would take
+/// thousands of states).
+const INCLUSION_PAIR_STATES: usize = 2_000;
+const INCLUSION_DFA_BYTES: usize = 64 << 10;
+
+/// The most automata [`Inclusion`] fails to build before it builds no
+/// more.
+const INCLUSION_FAILURES: usize = 4;
+
+/// Whether an earlier route matches every path a later one matches, told by
+/// their deterministic automata: every text the later one matches
+/// somewhere (a route applies when the path, as sent or decoded, matches
+/// it anywhere), the earlier one matches somewhere too. This sees what
+/// literal prefixes cannot (`^/api/[a-z]+` under `^/api/`, `^/v[12]/x`
+/// under `^/v[0-9]`). Texts are any bytes, not only a path's, so the
+/// answer errs toward no warning. A pattern whose automaton is too large,
+/// or that needs look-around the automaton cannot do (a Unicode `\b` on
+/// non-ASCII text), is never found to cover or be covered.
+struct Inclusion<'a> {
+    hirs: &'a [Option<regex_syntax::hir::Hir>],
+    /// Each route's literal prefixes, and its automaton, made when first
+    /// needed (`None` inside: there are none, or it could not be built).
+    prefixes: Vec<Option<Option<RoutePrefixes>>>,
+    dfas: Vec<Option<Option<DenseDfa>>>,
+    /// The automata that could not be built: past a few, no more are
+    /// tried (each failure takes a millisecond or two).
+    failed: usize,
+    /// The states left to visit.
+    budget: usize,
+}
+
+/// A route's automaton for [`Inclusion`].
+type DenseDfa = regex_automata::dfa::dense::DFA<Vec<u32>>;
+
+impl<'a> Inclusion<'a> {
+    fn new(hirs: &'a [Option<regex_syntax::hir::Hir>]) -> Self {
+        Self {
+            hirs,
+            prefixes: hirs.iter().map(|_| None).collect(),
+            dfas: hirs.iter().map(|_| None).collect(),
+            failed: 0,
+            budget: INCLUSION_STATES,
+        }
+    }
+
+    /// Whether some text may start with a match of both routes: false
+    /// for two routes anchored at the start whose literal prefixes
+    /// differ (`^/users` and `^/orders`, as most of a table's do).
+    fn may_overlap(&mut self, a: usize, b: usize) -> bool {
+        for i in [a, b] {
+            if let (Some(Some(hir)), Some(slot)) = (self.hirs.get(i), self.prefixes.get_mut(i)) {
+                slot.get_or_insert_with(|| RoutePrefixes::of(hir));
+            }
+        }
+        let (Some(Some(Some(pa))), Some(Some(Some(pb)))) =
+            (self.prefixes.get(a), self.prefixes.get(b))
+        else {
+            return true;
+        };
+        let compatible = |x: &[u8], y: &[u8]| x.starts_with(y) || y.starts_with(x);
+        !(pa.anchored && pb.anchored)
+            || pa
+                .literals
+                .iter()
+                .any(|x| pb.literals.iter().any(|y| compatible(x, y)))
+    }
+
+    /// Builds route `i`'s automaton (unanchored, every match reported) if
+    /// it was not tried yet; whether it exists.
+    fn build(&mut self, i: usize) -> bool {
+        use regex_automata::dfa::{dense, StartKind};
+        use regex_automata::nfa::thompson::{Compiler, Config, WhichCaptures};
+        let (Some(Some(hir)), Some(slot)) = (self.hirs.get(i), self.dfas.get_mut(i)) else {
+            return false;
+        };
+        if slot.is_none() {
+            if self.failed >= INCLUSION_FAILURES {
+                return false;
+            }
+            let dfa = Compiler::new()
+                .configure(Config::new().which_captures(WhichCaptures::None))
+                .build_from_hir(hir)
+                .ok()
+                .and_then(|nfa| {
+                    dense::Builder::new()
+                        .configure(
+                            dense::Config::new()
+                                .match_kind(regex_automata::MatchKind::All)
+                                .start_kind(StartKind::Unanchored)
+                                .dfa_size_limit(Some(INCLUSION_DFA_BYTES))
+                                .determinize_size_limit(Some(INCLUSION_DFA_BYTES)),
+                        )
+                        .build_from_nfa(&nfa)
+                        .ok()
+                });
+            self.failed += usize::from(dfa.is_none());
+            *slot = Some(dfa);
+        }
+        matches!(slot, Some(Some(_)))
+    }
+
+    /// Whether route `earlier` matches every text route `later` matches
+    /// (false when that could not be told).
+    fn covers(&mut self, earlier: usize, later: usize) -> bool {
+        if !self.may_overlap(earlier, later) || !self.build(earlier) || !self.build(later) {
+            return false;
+        }
+        let (Some(Some(Some(e))), Some(Some(Some(l)))) =
+            (self.dfas.get(earlier), self.dfas.get(later))
+        else {
+            return false;
+        };
+        let mut budget = self.budget.min(INCLUSION_PAIR_STATES);
+        let found = covers(e, l, &mut budget);
+        self.budget -= self.budget.min(INCLUSION_PAIR_STATES) - budget;
+        found.unwrap_or(false)
+    }
+}
+
+/// Whether every text that `later` matches somewhere, `earlier` matches
+/// somewhere too: a search of the pairs of their states that a text
+/// reaches (`later`'s `None` once it has matched: a text that matches
+/// somewhere, and every text that continues it, does), for a text that
+/// `later` has matched and `earlier` does not match. A text `earlier` has
+/// matched is not continued. `None` when the search would visit more than
+/// `budget` pairs (taken from it), or reaches a state where an automaton
+/// gives up.
+fn covers(earlier: &DenseDfa, later: &DenseDfa, budget: &mut usize) -> Option<bool> {
+    use regex_automata::dfa::Automaton;
+    use regex_automata::util::{primitives::StateID, start};
+    use std::collections::VecDeque;
+    if *budget == 0 {
+        return None;
+    }
+    let start = start::Config::new().anchored(regex_automata::Anchored::No);
+    let first = (
+        Some(later.start_state(&start).ok()?),
+        earlier.start_state(&start).ok()?,
+    );
+    // A byte of each run of bytes that both automata treat alike (every
+    // class the two tell apart has one).
+    let (ce, cl) = (earlier.byte_classes(), later.byte_classes());
+    let bytes: Vec<u8> = (0..=255u8)
+        .filter(|&b| b == 0 || ce.get(b) != ce.get(b - 1) || cl.get(b) != cl.get(b - 1))
+        .collect();
+    let mut seen: HashSet<(Option<StateID>, StateID)> = HashSet::from([first]);
+    let mut queue = VecDeque::from([first]);
+    while let Some((l, e)) = queue.pop_front() {
+        *budget = budget.checked_sub(1)?;
+        // The text ends here: a match of `later` without one of `earlier`?
+        let end = earlier.next_eoi_state(e);
+        if earlier.is_quit_state(end) {
+            return None;
+        }
+        if !earlier.is_match_state(end) {
+            let matched = match l {
+                None => true,
+                Some(l) => {
+                    let end = later.next_eoi_state(l);
+                    if later.is_quit_state(end) {
+                        return None;
+                    }
+                    later.is_match_state(end)
+                }
+            };
+            if matched {
+                return Some(false);
+            }
+        }
+        for &b in &bytes {
+            let e = earlier.next_state(e, b);
+            if earlier.is_quit_state(e) {
+                return None;
+            }
+            if earlier.is_match_state(e) {
+                continue;
+            }
+            let l = match l {
+                None => None,
+                Some(l) => {
+                    let l = later.next_state(l, b);
+                    if later.is_quit_state(l) {
+                        return None;
+                    }
+                    if later.is_dead_state(l) {
+                        // (`later` matches no text that continues this one.)
+                        continue;
+                    }
+                    (!later.is_match_state(l)).then_some(l)
+                }
+            };
+            if seen.insert((l, e)) {
+                queue.push_back((l, e));
+            }
+        }
+    }
+    Some(true)
 }
 
 /// Whether a request that `later` applies to is taken by `earlier` (a rule
@@ -2843,6 +3074,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Routes compared by their automata: covered or not, and not told
+    /// (no warning) when the search runs out of states or an automaton
+    /// cannot be built.
+    #[test]
+    fn routes_are_compared_by_their_automata_within_a_budget() {
+        let hirs: Vec<Option<regex_syntax::hir::Hir>> = [
+            "^/v[0-9]",
+            "^/v1/[a-z]+$",
+            "^/v1/x",
+            "(?i)\\b\\w+\\b",
+            "^/v2",
+        ]
+        .iter()
+        .map(|p| check_pattern(p).ok().map(|c| c.hir))
+        .collect();
+        let mut inclusion = Inclusion::new(&hirs);
+        assert!(inclusion.covers(0, 1));
+        assert!(inclusion.covers(0, 2));
+        assert!(!inclusion.covers(1, 0));
+        assert!(!inclusion.covers(1, 2));
+        // (No literal prefix in common: not searched.)
+        assert!(!inclusion.may_overlap(2, 4));
+        // A Unicode `\b`: no automaton, no answer.
+        assert!(!inclusion.covers(3, 1));
+        assert_eq!(inclusion.failed, 1);
+        let [Some(Some(e)), Some(Some(l))] = [&inclusion.dfas[0], &inclusion.dfas[1]] else {
+            panic!("no automata");
+        };
+        assert_eq!(covers(e, l, &mut 1), None);
+        assert_eq!(covers(e, l, &mut 0), None);
+        let mut budget = 100;
+        assert_eq!(covers(e, l, &mut budget), Some(true));
+        assert!(budget < 100);
     }
 
     #[test]

@@ -1279,8 +1279,34 @@ fn rules_shadowed_by_an_earlier_route_are_warned_about() {
         ]),
         [(1, 0, 0)]
     );
+    // A broader route with other regex syntax, compared by automata.
+    for (broader, narrower) in [
+        ("^/api/", "^/api/[a-z]+"),
+        ("^/v[0-9]", "^/v[12]/x"),
+        ("^/v[0-9]", "^/v1/[a-z]+$"),
+        ("^/(users|teams)", "^/users/[0-9]+$"),
+        ("/admin", "^/x/admin"),
+        ("(?i)^/api", "^/API/x"),
+        ("^/files/[^/]+", "^/files/[a-z]+/raw$"),
+    ] {
+        assert_eq!(
+            shadowed(&[(broader, any()), (narrower, any())]),
+            [(1, 0, 0)],
+            "{narrower} under {broader}"
+        );
+    }
+    // In a table of 128 routes whose literal prefixes are all one, `/a/`
+    // (so each pair is compared), the last one is under the sixth.
+    let mut many: Vec<String> = (0..127).map(|i| format!("^/a/[a-z]+/n{i}$")).collect();
+    many.push("^/a/[a-z]/n5$".to_owned());
+    let table: Vec<(&str, Rule)> = many.iter().map(|p| (p.as_str(), any())).collect();
+    assert_eq!(shadowed(&table), [(127, 0, 5)]);
     // Not shadowed.
     for routes in [
+        vec![("^/api/[a-z]+", any()), ("^/api/", any())],
+        vec![("^/api/[a-z]+$", any()), ("^/api/x1", any())],
+        vec![("^/v[0-9]$", any()), ("^/v1/x", any())],
+        vec![("^/files/[^/]+$", any()), ("^/files/[a-z]+/raw$", any())],
         vec![("^/api/login", any()), ("^/api", any())],
         vec![("^/api/.+", any()), ("^/api/", any())],
         vec![("^/api\\.x.*", any()), ("^/api/login", any())],
