@@ -656,6 +656,72 @@ async fn a_cluster_master_down_makes_no_storm_of_reconnects_and_loads() {
     assert!(worst < DEADLINE + SLACK, "slowest request {worst:?}");
 }
 
+/// A Cluster down as a whole: after a few checks failed in a row, the store
+/// finds that no master answers its client and drops it, and the checks
+/// fail at once without it until a new client connects. Before, each went
+/// to the client, which tried to reconnect to its initial nodes for it,
+/// and redis-rs logged warnings and errors for every check (15 each
+/// here).
+#[tokio::test]
+async fn a_cluster_down_as_a_whole_is_not_asked_by_every_check() {
+    let (mut cluster, app) = serving_cluster().await;
+    let logged = RedisLogs::start();
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    let mut worst = Duration::ZERO;
+    for i in 0..200 {
+        let started = Instant::now();
+        let reply = app.get("/x", &format!("down{i}")).await;
+        worst = worst.max(started.elapsed());
+        assert!(!reply.limited(), "decided with every master down");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let errors = logged.count();
+    // (The store's own tries to connect, a few a second, log some: 65
+    // measured; before, 3,003.)
+    assert!(
+        errors < 200,
+        "redis-rs logged {errors} warnings for 200 checks"
+    );
+    assert!(worst < DEADLINE + SLACK, "slowest request {worst:?}");
+}
+
+/// Counts what redis-rs logs (through `log`) at warning level or above on
+/// this thread (a `#[tokio::test]` runs its tasks, the Cluster client's
+/// among them, on its own thread) from when it is made.
+struct RedisLogs(usize);
+
+thread_local! {
+    static REDIS_LOGS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+impl RedisLogs {
+    fn start() -> Self {
+        struct Counter;
+        impl log::Log for Counter {
+            fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+                metadata.target().starts_with("redis") && metadata.level() <= log::Level::Warn
+            }
+            fn log(&self, record: &log::Record<'_>) {
+                if self.enabled(record.metadata()) {
+                    REDIS_LOGS.with(|n| n.set(n.get() + 1));
+                }
+            }
+            fn flush(&self) {}
+        }
+        static COUNTER: Counter = Counter;
+        if log::set_logger(&COUNTER).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
+        Self(REDIS_LOGS.with(std::cell::Cell::get))
+    }
+
+    fn count(&self) -> usize {
+        REDIS_LOGS.with(std::cell::Cell::get) - self.0
+    }
+}
+
 /// One stall of every Cluster node times out the checks in flight together
 /// (a Cluster client's checks go one call each); they count as one
 /// timeout, not as the three in a row after which the store replaces its
@@ -981,6 +1047,73 @@ async fn a_cluster_pool_keeps_its_client_while_one_master_stalls() {
         paused.elapsed() < Duration::from_secs(5),
         "the machine stalled"
     );
+}
+
+/// A store's own Cluster client with one master stalled, and checks on
+/// that master alone for a while (a hot route-wide budget's slot, while
+/// the other users are denied locally): the checks time out again and
+/// again with no answer from another master between them, and the store
+/// asks whether the client still answers on the other masters, which it
+/// does, so it keeps it. Before, it made a new client, whose first calls
+/// waited on a refresh of the slots that tried the stalled master, and
+/// every master's checks failed, again at each new client, until the
+/// master came back.
+#[tokio::test]
+async fn a_cluster_client_timing_out_on_one_master_alone_is_kept() {
+    let cluster = support::redis_server::RedisCluster::start();
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    let users = spread_users(12);
+    until_decided(&app, &users).await;
+    let masters = masters_of(&cluster, &users);
+    let stalled = masters[0];
+    // (Stopped, as a process that hangs: it takes no connection and
+    // answers nothing; continued however the test ends.)
+    let _stopped = Stopped::new(cluster.nodes[stalled].pid().unwrap());
+    let paused = Instant::now();
+    // Timeouts in a row, on the stalled master's first user alone, for
+    // as long as the store took to make a new client and swap it in.
+    while paused.elapsed() < Duration::from_millis(1500) {
+        let reply = app.get("/x", &users[0]).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    for _ in 0..3 {
+        decided_around_a_stalled_master(&app, &users, &masters, stalled).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        paused.elapsed() < Duration::from_secs(5),
+        "the machine stalled"
+    );
+}
+
+/// A process stopped (`SIGSTOP`) while this lives, continued when it is
+/// dropped.
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(pid: u32) -> Self {
+        let signal = |name: &str| {
+            std::process::Command::new("kill")
+                .args([name, &pid.to_string()])
+                .status()
+                .unwrap()
+        };
+        assert!(signal("-STOP").success());
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
 }
 
 /// A caller's Cluster pool with room for one connection, which the store

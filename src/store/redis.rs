@@ -90,7 +90,13 @@
 //! within a second of Redis answering again; requests never wait for a
 //! reconnect (each try after a random part of the backoff, so replicas
 //! that lost Redis together do not come back in step; a server still
-//! loading its data is sent no scripts until it answers). The scripts
+//! loading its data is sent no scripts until it answers). A Cluster
+//! client, which reconnects to a node by itself, is kept while a master
+//! answers it: after three failed checks in a row, a `PING` to the
+//! masters through it decides whether it is kept (a new client replaces
+//! it only if it reaches every master, as after a failover), or dropped
+//! when none answers, so that checks fail at once until a new one
+//! connects. The scripts
 //! are loaded with `SCRIPT LOAD` when a connection is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
 //! call load its script again and retry. A Cluster master added since,
 //! while its first slot moves in, is one no slot leads to yet, which a
@@ -1668,6 +1674,11 @@ struct Lazy<C> {
     /// Bounds loading the scripts on a new connection (a pool's may have
     /// no response timeout, or a long one).
     load_timeout: Duration,
+    /// Bounds the `PING`s that tell whether a Cluster client reaches its
+    /// masters: twice the connection timeout, as a client may first
+    /// finish a refresh of its slots, which waits on a master in trouble
+    /// (its checks wait meanwhile, as ever).
+    probe_timeout: Duration,
 }
 
 /// What every connection of a store shares: its scripts, its reading of
@@ -1709,6 +1720,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             scripts,
             combine: AtomicBool::new(true),
             load_timeout,
+            probe_timeout: load_timeout / 2,
         })
     }
 
@@ -1872,8 +1884,32 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         });
     }
 
+    /// Makes a connection, loads the scripts on it and puts it in use (a
+    /// Cluster client in place of a kept one only if it reaches every
+    /// master).
     async fn try_connect(&self) -> Result<(), RedisError> {
         let mut conn = (self.connect)().await?;
+        // A new Cluster client replaces a kept one only if it reaches every
+        // master (its slots say where they are: after a failover, the new
+        // master). One that cannot reach a master in trouble either would
+        // only wait on it too, its first calls on a refresh of the slots
+        // that asks it, every master's checks with them; the kept one
+        // still serves the others. (Asked before the scripts are: a client
+        // turned down loads nothing.)
+        if self.heals && self.current.load().is_some() {
+            if let Some(every) = conn.answers_on_every_master() {
+                match tokio::time::timeout(self.probe_timeout, every).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        return Err(io_error(
+                            std::io::ErrorKind::TimedOut,
+                            "a new cluster client does not reach every master either: the kept one stays".to_owned(),
+                        ))
+                    }
+                }
+            }
+        }
         // Loaded once per connection, so calls find them by SHA (those the
         // server has already, from before or from another replica, are not
         // sent again).
@@ -2014,6 +2050,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     return;
                 }
                 tried = true;
+                this.drop_if_unanswered().await;
                 match this.try_connect().await {
                     Ok(()) => {
                         tracing::info!("rate-limit store reconnected to redis");
@@ -2039,6 +2076,29 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         });
     }
 
+    /// Drops a kept Cluster client that no master answers (the whole
+    /// Cluster down, or the client stuck), so that checks fail at once
+    /// instead of each waiting on it, or making it try to reconnect (redis-rs
+    /// then logs an error for every check); one that some master answers
+    /// is kept: it serves them.
+    async fn drop_if_unanswered(&self) {
+        if !self.heals {
+            return;
+        }
+        let Some(mut conn) = self.get() else {
+            return;
+        };
+        let Some(some) = conn.answers_on_some_master() else {
+            return;
+        };
+        if !matches!(
+            tokio::time::timeout(self.probe_timeout, some).await,
+            Ok(Ok(()))
+        ) {
+            self.current.store(None);
+        }
+    }
+
     /// Notes what a call sent at `started` got back.
     fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>, started: tokio::time::Instant) {
         match result {
@@ -2054,6 +2114,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             // checked first, so one slow reply does not drop the connection.)
             Err(e) if e.is_timeout() => self.observe_timeout(started),
             Err(e) if broken(e) && !self.heals => self.drop_and_reconnect(),
+            // (A Cluster client's: counted as timeouts are, so that a
+            // Cluster down as a whole is found, and its client dropped.)
+            Err(e) if broken(e) => self.observe_timeout(started),
             // (Not on a Cluster, whose client follows a failover itself.)
             Err(e) if self.drop_when_broken && read_only(e) => self.drop_and_reconnect(),
             Err(e) if !self.heals && is_moved(e) => self.tell_moved(),
@@ -2077,7 +2140,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     }
 
     /// One slow reply (a fork, a long command of another client) is not a
-    /// broken connection; several in a row are treated as one. A timeout
+    /// broken connection; several in a row are treated as one (and, on a
+    /// Cluster, I/O errors too: see [`drop_if_unanswered`](Self::drop_if_unanswered)
+    /// and [`try_connect`](Self::try_connect)). A timeout
     /// counts only for a call sent after the last one counted: the calls in
     /// flight during one stall (a Cluster client's checks go one call each)
     /// time out together and count once.
@@ -3045,6 +3110,21 @@ trait AskAgain: ConnectionLike {
         None
     }
 
+    /// Whether some master of a Cluster answers a `PING` (the first
+    /// answer ends it), or `None` for a connection that is not a
+    /// Cluster's. A Cluster client whose checks time out again and again
+    /// on one master in trouble still serves the others when this
+    /// answers.
+    fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+        None
+    }
+
+    /// Whether every master a Cluster client knows answers a `PING`, or
+    /// `None` for a connection that is not a Cluster's.
+    fn answers_on_every_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+        None
+    }
+
     /// Runs `load` (a `SCRIPT LOAD`) on every master the Cluster's nodes
     /// list, with slots or none, or `None` for a connection that is not a
     /// Cluster's. A load sent to every master reaches those that serve a
@@ -3083,6 +3163,14 @@ impl AskAgain for ClusterConnection {
                 value.extract_error()?,
             )?)
         }))
+    }
+
+    fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+        Some(ping_some_master(self))
+    }
+
+    fn answers_on_every_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+        Some(ping_every_master(self))
     }
 
     fn load_on_every_master<'a>(
@@ -3166,6 +3254,85 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
     ) -> Option<redis::RedisFuture<'a, ()>> {
         self.conn.load_on_every_master(load)
     }
+
+    fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+        self.conn.answers_on_some_master()
+    }
+
+    fn answers_on_every_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+        self.conn.answers_on_every_master()
+    }
+}
+
+/// Slots spread over the whole range, one in 1,024 and the last: every
+/// master that serves a range of more than 1,024 slots serves one.
+fn probed_slots() -> impl Iterator<Item = u16> {
+    (0..16).map(|i| i * 1024).chain([16383])
+}
+
+/// A `PING` to the master of `slot`, as `conn` knows it.
+fn ping_slot(conn: &ClusterConnection, slot: u16) -> redis::RedisFuture<'static, ()> {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let mut conn = conn.clone();
+    Box::pin(async move {
+        let master = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+        conn.route_command(redis::cmd("PING"), RoutingInfo::SingleNode(master))
+            .await
+            .map(drop)
+    })
+}
+
+/// Whether a master of the Cluster answers, asked through its slots (see
+/// [`probed_slots`]): the first answer ends it. (Not redis-rs' `PING` to
+/// every master at once, which fails as a whole when the client has no
+/// connection to one of them.)
+fn ping_some_master(conn: &ClusterConnection) -> redis::RedisFuture<'static, ()> {
+    let pings: Vec<_> = probed_slots().map(|slot| ping_slot(conn, slot)).collect();
+    Box::pin(async move { futures_util::future::select_ok(pings).await.map(drop) })
+}
+
+/// Whether every master that `CLUSTER NODES` lists (as a master that
+/// answers asks it) answers a `PING` through a connection the client
+/// holds (redis-rs makes none for a call to an address): a client that
+/// could not connect to one of them does not pass.
+fn ping_every_master(conn: &ClusterConnection) -> redis::RedisFuture<'static, ()> {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let conn = conn.clone();
+    Box::pin(async move {
+        let asks = probed_slots().map(|slot| {
+            let mut conn = conn.clone();
+            Box::pin(async move {
+                let master =
+                    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let mut ask = redis::cmd("CLUSTER");
+                ask.arg("NODES");
+                let nodes = conn
+                    .route_command(ask, RoutingInfo::SingleNode(master))
+                    .await?;
+                <String as redis::FromRedisValue>::from_redis_value(nodes).map_err(RedisError::from)
+            })
+        });
+        let (nodes, _) = futures_util::future::select_ok(asks).await?;
+        let pings = nodes.lines().filter_map(master_names).map(|names| {
+            let each: Vec<_> = names
+                .map(|(host, port)| {
+                    let mut conn = conn.clone();
+                    let node = SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    };
+                    Box::pin(async move {
+                        conn.route_command(redis::cmd("PING"), RoutingInfo::SingleNode(node))
+                            .await
+                            .map(drop)
+                    })
+                })
+                .collect();
+            // (A master named by a hostname too answers under one name.)
+            futures_util::future::select_ok(each)
+        });
+        futures_util::future::try_join_all(pings).await.map(drop)
+    })
 }
 
 /// Whether the answer is a Cluster's `MOVED` redirect.
@@ -3539,11 +3706,12 @@ impl RedisStoreBuilder {
 
     /// A `deadpool-redis` cluster pool owned by the caller; one of its
     /// connections is kept checked out, as with [`pool`](Self::pool). A
-    /// Cluster client heals node by node, so it is kept while one master is
-    /// in trouble (it still serves the others): after timeouts in a row the
-    /// store asks the pool for another in the background, swaps it in once
-    /// it is ready, and stops asking once the kept one answers again. Size
-    /// the pool for your own code plus two connections.
+    /// Cluster client heals node by node, so it is kept while a master
+    /// answers it (it serves them): after failed checks in a row the store
+    /// asks the pool for another in the background, swaps it in once it is
+    /// ready and reaches every master (or at once when no master answers
+    /// the kept one), and stops asking once the kept one answers again.
+    /// Size the pool for your own code plus two connections.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::ClusterPool(pool));
         self
