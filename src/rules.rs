@@ -1909,6 +1909,9 @@ struct Inclusion<'a> {
     failed: usize,
     /// The states left to visit.
     budget: usize,
+    /// The pairs (earlier, later) compared, and the answers (a route's
+    /// rules for several groups ask the same).
+    answers: HashMap<(usize, usize), bool>,
 }
 
 /// A route's automaton for [`Inclusion`].
@@ -1922,6 +1925,7 @@ impl<'a> Inclusion<'a> {
             dfas: hirs.iter().map(|_| None).collect(),
             failed: 0,
             budget: INCLUSION_STATES,
+            answers: HashMap::new(),
         }
     }
 
@@ -1984,6 +1988,16 @@ impl<'a> Inclusion<'a> {
     /// Whether route `earlier` matches every text route `later` matches
     /// (false when that could not be told).
     fn covers(&mut self, earlier: usize, later: usize) -> bool {
+        if let Some(&answer) = self.answers.get(&(earlier, later)) {
+            return answer;
+        }
+        let answer = self.compare(earlier, later);
+        self.answers.insert((earlier, later), answer);
+        answer
+    }
+
+    /// [`covers`](Self::covers), worked out.
+    fn compare(&mut self, earlier: usize, later: usize) -> bool {
         if !self.may_overlap(earlier, later) || !self.build(earlier) || !self.build(later) {
             return false;
         }

@@ -711,9 +711,11 @@ impl RedisLogs {
             fn flush(&self) {}
         }
         static COUNTER: Counter = Counter;
-        if log::set_logger(&COUNTER).is_ok() {
+        static SET: std::sync::Once = std::sync::Once::new();
+        SET.call_once(|| {
+            log::set_logger(&COUNTER).expect("no other logger in this test binary");
             log::set_max_level(log::LevelFilter::Warn);
-        }
+        });
         Self(REDIS_LOGS.with(std::cell::Cell::get))
     }
 
@@ -1067,6 +1069,14 @@ async fn a_cluster_client_timing_out_on_one_master_alone_is_kept() {
         true,
     )
     .await;
+    // (No failover: the other masters would answer `CLUSTERDOWN` once
+    // they found the stopped one failing, 2 s on.)
+    for node in &cluster.nodes {
+        assert_eq!(
+            node.cli(&["config", "set", "cluster-node-timeout", "60000"]),
+            "OK"
+        );
+    }
     let users = spread_users(12);
     until_decided(&app, &users).await;
     let masters = masters_of(&cluster, &users);
@@ -1089,6 +1099,67 @@ async fn a_cluster_client_timing_out_on_one_master_alone_is_kept() {
         paused.elapsed() < Duration::from_secs(5),
         "the machine stalled"
     );
+}
+
+/// A Cluster master that hangs (`SIGSTOP`), its replica promoted, while
+/// other masters' users keep being decided (their answers between the
+/// failed checks): the store finds the failed checks' master moved, makes
+/// a new client that reaches it, and limiting resumes on the new master.
+/// Before, every answer from another master set the count of failures in
+/// a row back to nought, and the client, which never learns of a failover
+/// from a master that just does not answer, sent them to the stopped one
+/// until it went on.
+#[tokio::test]
+async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
+    let cluster = support::redis_server::RedisCluster::start_with_replicas();
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    let users = spread_users(12);
+    until_decided(&app, &users).await;
+    let masters = masters_of(&cluster, &users);
+    let key = cluster.nodes[masters[0]].cli(&["--scan", "--pattern", "*spread0x*"]);
+    let slot: u16 = cluster.nodes[0]
+        .cli(&["cluster", "keyslot", &key])
+        .parse()
+        .unwrap();
+    let (master, replica) = cluster.master_and_replica(slot);
+    let replica = replica.expect("every master has a replica");
+    // (The others on masters that answer.)
+    let others: Vec<&String> = users
+        .iter()
+        .zip(&masters)
+        .filter(|(_, &m)| m != master)
+        .map(|(u, _)| u)
+        .collect();
+    assert!(!others.is_empty());
+    std::thread::sleep(Duration::from_millis(200));
+    let _stopped = Stopped::new(cluster.nodes[master].pid().unwrap());
+    assert_eq!(
+        cluster.nodes[replica].cli(&["cluster", "failover", "takeover"]),
+        "OK"
+    );
+    let started = Instant::now();
+    loop {
+        let victim = app.get("/x", &users[0]).await;
+        if victim.limited() {
+            break;
+        }
+        for user in &others {
+            app.get("/x", user).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the hung master's checks never moved to its promoted replica"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for user in others {
+        assert!(app.get("/x", user).await.limited(), "{user}");
+    }
 }
 
 /// A process stopped (`SIGSTOP`) while this lives, continued when it is

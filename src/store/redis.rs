@@ -92,11 +92,12 @@
 //! that lost Redis together do not come back in step; a server still
 //! loading its data is sent no scripts until it answers). A Cluster
 //! client, which reconnects to a node by itself, is kept while a master
-//! answers it: after three failed checks in a row, a `PING` to the
-//! masters through it decides whether it is kept (a new client replaces
-//! it only if it reaches every master, as after a failover), or dropped
-//! when none answers, so that checks fail at once until a new one
-//! connects. The scripts
+//! answers it: after three failed checks in a row (each within a second
+//! of the one before), a `PING` to the masters through it decides whether
+//! it is kept (a new client, at most one every two seconds, replaces it
+//! only if it answers a read of the failed check's key, as after a
+//! failover), or dropped when none answers, so that checks fail at once
+//! until a new one connects. The scripts
 //! are loaded with `SCRIPT LOAD` when a connection is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
 //! call load its script again and retry. A Cluster master added since,
 //! while its first slot moves in, is one no slot leads to yet, which a
@@ -692,6 +693,32 @@ const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
 /// call sent after the one before timed out (calls in flight together, that
 /// one stall times out at once, count as one).
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
+
+/// On a Cluster, the longest time between two failures counted in a row
+/// (see `Lazy::observe_timeout`), in microseconds.
+const FAILURE_SPAN_US: u64 = 1_000_000;
+
+/// On a Cluster, the shortest time between two new clients made beside a
+/// kept one that answers, in microseconds.
+const REPLACEMENT_GAP_US: u64 = 2_000_000;
+
+/// The first key of a script call (`EVALSHA sha numkeys key ...`), if it
+/// has one.
+fn first_key(cmd: &redis::Cmd) -> Option<Vec<u8>> {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()?;
+    if !name.eq_ignore_ascii_case(b"EVALSHA") && !name.eq_ignore_ascii_case(b"EVAL") {
+        return None;
+    }
+    let _script = args.next()?;
+    let keys = args.next()?;
+    (keys != b"0")
+        .then(|| args.next().map(<[u8]>::to_vec))
+        .flatten()
+}
 
 /// The server's clock as seen from here: its offset from this process's
 /// monotonic clock, read with `TIME` when a connection is made and every
@@ -1674,11 +1701,18 @@ struct Lazy<C> {
     /// Bounds loading the scripts on a new connection (a pool's may have
     /// no response timeout, or a long one).
     load_timeout: Duration,
-    /// Bounds the `PING`s that tell whether a Cluster client reaches its
-    /// masters: twice the connection timeout, as a client may first
-    /// finish a refresh of its slots, which waits on a master in trouble
-    /// (its checks wait meanwhile, as ever).
+    /// Bounds the calls that tell whether a Cluster client reaches its
+    /// masters: twice the connection timeout and the response timeout, as
+    /// a client may first finish a refresh of its slots, which waits on a
+    /// master in trouble (its checks wait meanwhile, as ever).
     probe_timeout: Duration,
+    /// On a Cluster: the first key of the last check that failed, which a
+    /// new client must reach to replace a kept one (see
+    /// [`try_connect`](Self::try_connect)).
+    failed_key: ArcSwapOption<Vec<u8>>,
+    /// On a Cluster: when (see [`Lazy::micros`]) a new client may next be
+    /// made beside a kept one that answers.
+    next_replacement: AtomicU64,
 }
 
 /// What every connection of a store shares: its scripts, its reading of
@@ -1720,7 +1754,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             scripts,
             combine: AtomicBool::new(true),
             load_timeout,
-            probe_timeout: load_timeout / 2,
+            probe_timeout: load_timeout / 2 + shape.ping_timeout,
+            failed_key: ArcSwapOption::empty(),
+            next_replacement: AtomicU64::new(0),
         })
     }
 
@@ -1885,26 +1921,29 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     }
 
     /// Makes a connection, loads the scripts on it and puts it in use (a
-    /// Cluster client in place of a kept one only if it reaches every
-    /// master).
+    /// Cluster client in place of a kept one only if it reaches the master
+    /// of the checks that failed).
     async fn try_connect(&self) -> Result<(), RedisError> {
         let mut conn = (self.connect)().await?;
-        // A new Cluster client replaces a kept one only if it reaches every
-        // master (its slots say where they are: after a failover, the new
-        // master). One that cannot reach a master in trouble either would
-        // only wait on it too, its first calls on a refresh of the slots
-        // that asks it, every master's checks with them; the kept one
-        // still serves the others. (Asked before the scripts are: a client
-        // turned down loads nothing.)
+        // A new Cluster client replaces a kept one only if it answers a
+        // read of the last failed check's key (its slots say where that is:
+        // after a failover, the new master). One that would send it to the
+        // master in trouble too would only wait on it, its first calls on a
+        // refresh of the slots that asks it, every master's checks with
+        // them; the kept one still serves the others. (Asked before the
+        // scripts are: a client turned down loads nothing.)
         if self.heals && self.current.load().is_some() {
-            if let Some(every) = conn.answers_on_every_master() {
-                match tokio::time::timeout(self.probe_timeout, every).await {
-                    Ok(Ok(())) => {}
+            if let Some(key) = self.failed_key.load_full() {
+                let mut exists = redis::cmd("EXISTS");
+                exists.arg(&*key);
+                let read = exists.query_async::<i64>(&mut conn);
+                match tokio::time::timeout(self.probe_timeout, read).await {
+                    Ok(Ok(_)) => {}
                     Ok(Err(e)) => return Err(e),
                     Err(_) => {
                         return Err(io_error(
                             std::io::ErrorKind::TimedOut,
-                            "a new cluster client does not reach every master either: the kept one stays".to_owned(),
+                            "a new cluster client does not reach the failing checks' master either: the kept one stays".to_owned(),
                         ))
                     }
                 }
@@ -2013,13 +2052,24 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     ) -> Result<Vec<u8>, StoreError> {
         let started = tokio::time::Instant::now();
         let call = Box::pin(self.invoke(cmd, deadline));
-        match tokio::time::timeout(deadline, call).await {
+        let reply = match tokio::time::timeout(deadline, call).await {
             Ok(reply) => reply,
             Err(_) => {
                 self.observe_timeout(started);
                 Err(StoreError::timeout())
             }
+        };
+        if self.heals {
+            if let Err(e) = &reply {
+                if matches!(
+                    e.kind(),
+                    StoreErrorKind::Timeout | StoreErrorKind::Unavailable
+                ) {
+                    self.failed_key.store(first_key(cmd).map(Arc::new));
+                }
+            }
         }
+        reply
     }
 
     /// Starts one background reconnect loop, unless one is running; it
@@ -2045,12 +2095,21 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 // a caller's pool may have no other to give while the store
                 // holds its last. The first try is always made.)
                 if tried && this.get().is_some() && this.answered_at.load(Ordering::Relaxed) > started {
-                    tracing::info!("the kept redis cluster client answers again");
+                    tracing::debug!("the kept redis cluster client answers");
                     this.reconnecting.store(false, Ordering::Release);
                     return;
                 }
                 tried = true;
-                this.drop_if_unanswered().await;
+                if this.heals {
+                    this.drop_if_unanswered().await;
+                    // (A kept client that answers: a new one is made at
+                    // most every two seconds, each a connection to every
+                    // node, while its checks on one master fail.)
+                    if this.get().is_some() && !this.replacement_due() {
+                        this.reconnecting.store(false, Ordering::Release);
+                        return;
+                    }
+                }
                 match this.try_connect().await {
                     Ok(()) => {
                         tracing::info!("rate-limit store reconnected to redis");
@@ -2082,9 +2141,6 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// then logs an error for every check); one that some master answers
     /// is kept: it serves them.
     async fn drop_if_unanswered(&self) {
-        if !self.heals {
-            return;
-        }
         let Some(mut conn) = self.get() else {
             return;
         };
@@ -2099,11 +2155,33 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         }
     }
 
+    /// Whether a new Cluster client may be made beside the kept one now,
+    /// and if so, not again for two seconds.
+    fn replacement_due(&self) -> bool {
+        let now = self.micros(tokio::time::Instant::now());
+        let next = self.next_replacement.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_replacement
+                .compare_exchange(
+                    next,
+                    now + REPLACEMENT_GAP_US,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
     /// Notes what a call sent at `started` got back.
     fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>, started: tokio::time::Instant) {
         match result {
             Ok(_) => {
-                self.timeouts.store(0, Ordering::Relaxed);
+                // (On a Cluster, another master's answer says nothing of
+                // the one in trouble: failures are counted over a span of
+                // time instead, see `observe_timeout`.)
+                if !self.heals {
+                    self.timeouts.store(0, Ordering::Relaxed);
+                }
                 self.used.store(true, Ordering::Relaxed);
                 if !self.drop_when_broken {
                     let sent = self.micros(started);
@@ -2141,8 +2219,10 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
 
     /// One slow reply (a fork, a long command of another client) is not a
     /// broken connection; several in a row are treated as one (and, on a
-    /// Cluster, I/O errors too: see [`drop_if_unanswered`](Self::drop_if_unanswered)
-    /// and [`try_connect`](Self::try_connect)). A timeout
+    /// Cluster, I/O errors too, each within a second of the one before,
+    /// whatever other masters answered: see
+    /// [`drop_if_unanswered`](Self::drop_if_unanswered) and
+    /// [`try_connect`](Self::try_connect)). A timeout
     /// counts only for a call sent after the last one counted: the calls in
     /// flight during one stall (a Cluster client's checks go one call each)
     /// time out together and count once.
@@ -2156,6 +2236,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 .is_err()
         {
             return;
+        }
+        // (On a Cluster: failures in a row, each within a second of the
+        // one before, whatever other masters answered between them.)
+        if self.heals && now.saturating_sub(last) > FAILURE_SPAN_US {
+            self.timeouts.store(0, Ordering::Relaxed);
         }
         if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_RECONNECT {
             self.timeouts.store(0, Ordering::Relaxed);
@@ -3119,12 +3204,6 @@ trait AskAgain: ConnectionLike {
         None
     }
 
-    /// Whether every master a Cluster client knows answers a `PING`, or
-    /// `None` for a connection that is not a Cluster's.
-    fn answers_on_every_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
-        None
-    }
-
     /// Runs `load` (a `SCRIPT LOAD`) on every master the Cluster's nodes
     /// list, with slots or none, or `None` for a connection that is not a
     /// Cluster's. A load sent to every master reaches those that serve a
@@ -3167,10 +3246,6 @@ impl AskAgain for ClusterConnection {
 
     fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
         Some(ping_some_master(self))
-    }
-
-    fn answers_on_every_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
-        Some(ping_every_master(self))
     }
 
     fn load_on_every_master<'a>(
@@ -3258,10 +3333,6 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
     fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
         self.conn.answers_on_some_master()
     }
-
-    fn answers_on_every_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
-        self.conn.answers_on_every_master()
-    }
 }
 
 /// Slots spread over the whole range, one in 1,024 and the last: every
@@ -3283,56 +3354,14 @@ fn ping_slot(conn: &ClusterConnection, slot: u16) -> redis::RedisFuture<'static,
 }
 
 /// Whether a master of the Cluster answers, asked through its slots (see
-/// [`probed_slots`]): the first answer ends it. (Not redis-rs' `PING` to
+/// [`probed_slots`]; a slot whose master the client holds no connection
+/// to is asked of another node it holds, which may be a replica): the
+/// first answer ends it. (Not redis-rs' `PING` to
 /// every master at once, which fails as a whole when the client has no
 /// connection to one of them.)
 fn ping_some_master(conn: &ClusterConnection) -> redis::RedisFuture<'static, ()> {
     let pings: Vec<_> = probed_slots().map(|slot| ping_slot(conn, slot)).collect();
     Box::pin(async move { futures_util::future::select_ok(pings).await.map(drop) })
-}
-
-/// Whether every master that `CLUSTER NODES` lists (as a master that
-/// answers asks it) answers a `PING` through a connection the client
-/// holds (redis-rs makes none for a call to an address): a client that
-/// could not connect to one of them does not pass.
-fn ping_every_master(conn: &ClusterConnection) -> redis::RedisFuture<'static, ()> {
-    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-    let conn = conn.clone();
-    Box::pin(async move {
-        let asks = probed_slots().map(|slot| {
-            let mut conn = conn.clone();
-            Box::pin(async move {
-                let master =
-                    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-                let mut ask = redis::cmd("CLUSTER");
-                ask.arg("NODES");
-                let nodes = conn
-                    .route_command(ask, RoutingInfo::SingleNode(master))
-                    .await?;
-                <String as redis::FromRedisValue>::from_redis_value(nodes).map_err(RedisError::from)
-            })
-        });
-        let (nodes, _) = futures_util::future::select_ok(asks).await?;
-        let pings = nodes.lines().filter_map(master_names).map(|names| {
-            let each: Vec<_> = names
-                .map(|(host, port)| {
-                    let mut conn = conn.clone();
-                    let node = SingleNodeRoutingInfo::ByAddress {
-                        host: host.to_owned(),
-                        port,
-                    };
-                    Box::pin(async move {
-                        conn.route_command(redis::cmd("PING"), RoutingInfo::SingleNode(node))
-                            .await
-                            .map(drop)
-                    })
-                })
-                .collect();
-            // (A master named by a hostname too answers under one name.)
-            futures_util::future::select_ok(each)
-        });
-        futures_util::future::try_join_all(pings).await.map(drop)
-    })
 }
 
 /// Whether the answer is a Cluster's `MOVED` redirect.
@@ -3709,8 +3738,9 @@ impl RedisStoreBuilder {
     /// Cluster client heals node by node, so it is kept while a master
     /// answers it (it serves them): after failed checks in a row the store
     /// asks the pool for another in the background, swaps it in once it is
-    /// ready and reaches every master (or at once when no master answers
-    /// the kept one), and stops asking once the kept one answers again.
+    /// ready and reaches the failed checks' master (or at once when no
+    /// master answers the kept one), and stops asking once the kept one
+    /// answers again.
     /// Size the pool for your own code plus two connections.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::ClusterPool(pool));
