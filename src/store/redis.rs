@@ -1938,8 +1938,10 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 exists.arg(&*key);
                 let read = exists.query_async::<i64>(&mut conn);
                 match tokio::time::timeout(self.probe_timeout, read).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Err(e),
+                    Ok(Err(e)) if broken(&e) || e.is_timeout() => return Err(e),
+                    // (An answer, even an error such as an ACL's `NOPERM`:
+                    // the key's master answers this client.)
+                    Ok(_) => {}
                     Err(_) => {
                         return Err(io_error(
                             std::io::ErrorKind::TimedOut,
@@ -3846,7 +3848,8 @@ impl RedisStoreBuilder {
     /// denies `SCRIPT LOAD`, a TLS certificate either side refuses. (The store's user needs `EVALSHA` and
     /// `SCRIPT LOAD`, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
     /// its ACL allows them; on a Cluster, also what redis-rs's cluster
-    /// client asks, such as `CLUSTER SLOTS`. One denied `EVALSHA` builds,
+    /// client asks, such as `CLUSTER SLOTS`, and `PING` and `EXISTS` to
+    /// tell whether a client reaches its masters while checks fail. One denied `EVALSHA` builds,
     /// and every check fails.) A Redis that
     /// cannot be reached yet is not an error: the store logs a warning,
     /// keeps connecting in the background, and until then every check
