@@ -91,13 +91,14 @@
 //! reconnect (each try after a random part of the backoff, so replicas
 //! that lost Redis together do not come back in step; a server still
 //! loading its data is sent no scripts until it answers). A Cluster
-//! client, which reconnects to a node by itself, is kept while a master
-//! answers it: after three failed checks in a row (each within a second
-//! of the one before), a `PING` to the masters through it decides whether
-//! it is kept (a new client, at most one every two seconds, replaces it
-//! only if it answers a read of the failed check's key, as after a
-//! failover), or dropped when none answers, so that checks fail at once
-//! until a new one connects. The scripts
+//! client, which reconnects to a node by itself, is kept while a node
+//! answers it: after three failed checks in a row (each within ten
+//! seconds of the one before), `PING`s through it, for up to a second,
+//! decide whether it is dropped (no node answers: checks fail at once
+//! until a new one connects) or kept. A kept one is replaced, by a new
+//! client made at most every two seconds, only if it cannot read the
+//! failed check's key from that key's master and the new one can, as
+//! after a failover. The scripts
 //! are loaded with `SCRIPT LOAD` when a connection is made; after `SCRIPT FLUSH` or a failover, `NOSCRIPT` makes the next
 //! call load its script again and retry. A Cluster master added since,
 //! while its first slot moves in, is one no slot leads to yet, which a
@@ -695,8 +696,13 @@ const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
 /// On a Cluster, the longest time between two failures counted in a row
-/// (see `Lazy::observe_timeout`), in microseconds.
-const FAILURE_SPAN_US: u64 = 1_000_000;
+/// (see `Lazy::observe_timeout`), in microseconds: long enough for a
+/// master that gets a check every few seconds, or a deadline of seconds.
+const FAILURE_SPAN_US: u64 = 10_000_000;
+
+/// The pause between two asks of a kept Cluster client's masters (see
+/// `Lazy::drop_if_unanswered`).
+const PROBE_PAUSE: Duration = Duration::from_millis(100);
 
 /// On a Cluster, the shortest time between two new clients made beside a
 /// kept one that answers, in microseconds.
@@ -1702,9 +1708,10 @@ struct Lazy<C> {
     /// no response timeout, or a long one).
     load_timeout: Duration,
     /// Bounds the calls that tell whether a Cluster client reaches its
-    /// masters: twice the connection timeout and the response timeout, as
-    /// a client may first finish a refresh of its slots, which waits on a
-    /// master in trouble (its checks wait meanwhile, as ever).
+    /// masters (each also cut by the client's response timeout): twice the
+    /// connection timeout and the response timeout, as a client may first
+    /// finish a refresh of its slots, which waits on a master in trouble
+    /// (its checks wait meanwhile, as ever).
     probe_timeout: Duration,
     /// On a Cluster: the first key of the last check that failed, which a
     /// new client must reach to replace a kept one (see
@@ -1925,30 +1932,26 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// of the checks that failed).
     async fn try_connect(&self) -> Result<(), RedisError> {
         let mut conn = (self.connect)().await?;
-        // A new Cluster client replaces a kept one only if it answers a
-        // read of the last failed check's key (its slots say where that is:
-        // after a failover, the new master). One that would send it to the
-        // master in trouble too would only wait on it, its first calls on a
-        // refresh of the slots that asks it, every master's checks with
-        // them; the kept one still serves the others. (Asked before the
-        // scripts are: a client turned down loads nothing.)
+        // A new Cluster client replaces a kept one only if the master of
+        // the last failed check's key, as its slots say (after a failover,
+        // the new one), answers it (the kept one did not: see `reconnect`).
+        // One that would send it to the master in trouble too would only
+        // wait on it, its first calls on a refresh of the slots that asks
+        // it, every master's checks with them; the kept one still serves
+        // the others. (Asked before the scripts are: a client turned down
+        // loads nothing.)
         if self.heals && self.current.load().is_some() {
-            if let Some(key) = self.failed_key.load_full() {
-                let mut exists = redis::cmd("EXISTS");
-                exists.arg(&*key);
-                let read = exists.query_async::<i64>(&mut conn);
-                match tokio::time::timeout(self.probe_timeout, read).await {
-                    Ok(Err(e)) if broken(&e) || e.is_timeout() => return Err(e),
-                    // (An answer, even an error such as an ACL's `NOPERM`:
-                    // the key's master answers this client.)
-                    Ok(_) => {}
-                    Err(_) => {
-                        return Err(io_error(
-                            std::io::ErrorKind::TimedOut,
-                            "a new cluster client does not reach the failing checks' master either: the kept one stays".to_owned(),
-                        ))
-                    }
-                }
+            let Some(key) = self.failed_key.load_full() else {
+                return Err(io_error(
+                    std::io::ErrorKind::Other,
+                    "no failed check to try a new cluster client on: the kept one stays".to_owned(),
+                ));
+            };
+            if !self.reaches(&mut conn, &key).await {
+                return Err(io_error(
+                    std::io::ErrorKind::TimedOut,
+                    "a new cluster client does not reach the failing checks' master either: the kept one stays".to_owned(),
+                ));
             }
         }
         // Loaded once per connection, so calls find them by SHA (those the
@@ -1982,7 +1985,21 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             })??;
         self.current.store(Some(Arc::new(conn)));
         self.timeouts.store(0, Ordering::Relaxed);
+        self.failed_key.store(None);
         Ok(())
+    }
+
+    /// Whether `conn` reads `key` from its slot's master within the probe
+    /// timeout (see [`AskAgain::read_at_master`]); true for a connection
+    /// that is not a Cluster's.
+    async fn reaches(&self, conn: &mut C, key: &[u8]) -> bool {
+        match conn.read_at_master(key) {
+            Some(read) => matches!(
+                tokio::time::timeout(self.probe_timeout, read).await,
+                Ok(Ok(()))
+            ),
+            None => true,
+        }
     }
 
     fn get(&self) -> Option<C> {
@@ -2104,10 +2121,16 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 tried = true;
                 if this.heals {
                     this.drop_if_unanswered().await;
-                    // (A kept client that answers: a new one is made at
-                    // most every two seconds, each a connection to every
-                    // node, while its checks on one master fail.)
-                    if this.get().is_some() && !this.replacement_due() {
+                    // A kept client that answers is replaced only when it
+                    // cannot read the last failed check's key from that
+                    // key's master (a master that hangs, or a failover the
+                    // client did not learn of from a master that does not
+                    // answer; not one that was only slow), and at most
+                    // every two seconds (a new client is a connection to
+                    // every node).
+                    if this.get().is_some()
+                        && (!this.replacement_due() || this.kept_reaches_failed_key().await)
+                    {
                         this.reconnecting.store(false, Ordering::Release);
                         return;
                     }
@@ -2146,14 +2169,34 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         let Some(mut conn) = self.get() else {
             return;
         };
-        let Some(some) = conn.answers_on_some_master() else {
-            return;
-        };
-        if !matches!(
-            tokio::time::timeout(self.probe_timeout, some).await,
-            Ok(Ok(()))
-        ) {
-            self.current.store(None);
+        // (Asked again every 100 ms for the probe timeout while the asks
+        // time out: each is cut by the client's response timeout, and a
+        // client busy refreshing its slots answers nothing for a moment.
+        // Refused connections, a Cluster down, end it at once.)
+        let until = tokio::time::Instant::now() + self.probe_timeout;
+        loop {
+            let Some(some) = conn.answers_on_some_master() else {
+                return;
+            };
+            match tokio::time::timeout_at(until, some).await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) if !e.is_timeout() => break,
+                _ => {}
+            }
+            if tokio::time::Instant::now() + PROBE_PAUSE >= until {
+                break;
+            }
+            tokio::time::sleep(PROBE_PAUSE).await;
+        }
+        self.current.store(None);
+    }
+
+    /// Whether the kept client reads the last failed check's key from its
+    /// master (true with no such key: nothing to try a new client on).
+    async fn kept_reaches_failed_key(&self) -> bool {
+        match (self.get(), self.failed_key.load_full()) {
+            (Some(mut conn), Some(key)) => self.reaches(&mut conn, &key).await,
+            _ => true,
         }
     }
 
@@ -2221,7 +2264,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
 
     /// One slow reply (a fork, a long command of another client) is not a
     /// broken connection; several in a row are treated as one (and, on a
-    /// Cluster, I/O errors too, each within a second of the one before,
+    /// Cluster, I/O errors too, each within ten seconds of the one before,
     /// whatever other masters answered: see
     /// [`drop_if_unanswered`](Self::drop_if_unanswered) and
     /// [`try_connect`](Self::try_connect)). A timeout
@@ -2239,7 +2282,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         {
             return;
         }
-        // (On a Cluster: failures in a row, each within a second of the
+        // (On a Cluster: failures in a row, each within ten seconds of the
         // one before, whatever other masters answered between them.)
         if self.heals && now.saturating_sub(last) > FAILURE_SPAN_US {
             self.timeouts.store(0, Ordering::Relaxed);
@@ -3206,6 +3249,14 @@ trait AskAgain: ConnectionLike {
         None
     }
 
+    /// Reads `key` (`EXISTS`) from the master that serves its slot as this
+    /// client knows it, sent there by its slot: `Ok` only if it answers
+    /// (an integer; not a redirect, which another node would answer), or
+    /// `None` for a connection that is not a Cluster's.
+    fn read_at_master<'a>(&'a mut self, _key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
+        None
+    }
+
     /// Runs `load` (a `SCRIPT LOAD`) on every master the Cluster's nodes
     /// list, with slots or none, or `None` for a connection that is not a
     /// Cluster's. A load sent to every master reaches those that serve a
@@ -3248,6 +3299,26 @@ impl AskAgain for ClusterConnection {
 
     fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
         Some(ping_some_master(self))
+    }
+
+    fn read_at_master<'a>(&'a mut self, key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        Some(Box::pin(async move {
+            let master =
+                SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(key);
+            match self
+                .route_command(exists, RoutingInfo::SingleNode(master))
+                .await?
+            {
+                redis::Value::Int(_) => Ok(()),
+                _ => Err(RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "EXISTS answered otherwise than by a number",
+                ))),
+            }
+        }))
     }
 
     fn load_on_every_master<'a>(
@@ -3334,6 +3405,10 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
 
     fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
         self.conn.answers_on_some_master()
+    }
+
+    fn read_at_master<'a>(&'a mut self, key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
+        self.conn.read_at_master(key)
     }
 }
 
@@ -3739,10 +3814,15 @@ impl RedisStoreBuilder {
     /// connections is kept checked out, as with [`pool`](Self::pool). A
     /// Cluster client heals node by node, so it is kept while a master
     /// answers it (it serves them): after failed checks in a row the store
-    /// asks the pool for another in the background, swaps it in once it is
-    /// ready and reaches the failed checks' master (or at once when no
-    /// master answers the kept one), and stops asking once the kept one
-    /// answers again.
+    /// asks the pool for another in the background, and swaps it in once
+    /// it is ready and reads the failed check's key from its master where
+    /// the kept one cannot (or at once when no node answers the kept one).
+    /// A pool makes its clients with no response timeout and a connection
+    /// timeout of a second, longer than the store waits for one (the
+    /// connection timeout): while a node its URLs name hangs, it gives the
+    /// store none, and a hung master's promoted replica is followed only
+    /// once the kept client learns of it (the store's own client, with
+    /// [`cluster`](Self::cluster), follows it within a few seconds).
     /// Size the pool for your own code plus two connections.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::ClusterPool(pool));
