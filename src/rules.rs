@@ -1785,7 +1785,10 @@ fn warnings(
         .enumerate()
         .filter_map(|(i, r)| covering_literal(&r.pattern).map(|l| (l.as_bytes(), i)))
         .collect();
-    let mut inclusion = Inclusion::new(route_hirs);
+    // (Only in a table small enough: a larger one has no automata to
+    // compare, and a pass over every earlier route for each rule would take
+    // a table of 16,000 routes minutes.)
+    let mut inclusion = (!route_hirs.is_empty()).then(|| Inclusion::new(route_hirs));
     for (ri, (route, prefixes)) in routes.iter().zip(route_prefixes).enumerate() {
         let at_route = Location {
             route: Some((ri, route.pattern.to_string())),
@@ -1832,8 +1835,11 @@ fn warnings(
                 // (Otherwise an earlier route whose automaton matches
                 // every path this route's does, when the table is small
                 // enough to compare them.)
-                _ => (0..ri).find(|&e| {
-                    routes[e].rules.iter().any(|r| shadows(r, rule)) && inclusion.covers(e, ri)
+                _ => inclusion.as_mut().and_then(|inclusion| {
+                    (0..ri).find(|&e| {
+                        routes[e].rules.iter().any(|r| shadows(r, rule))
+                            && inclusion.covers(e, ri)
+                    })
                 }),
             };
             if let Some(e) = by {
