@@ -54,8 +54,10 @@ pub const DEFAULT_DENIAL_CACHE: usize = 100_000;
 ///
 /// A request uses the table that was current when its route was matched,
 /// for its whole decision. A budget carries over a swap when its rule keeps
-/// its route pattern, zone or method and algorithm (and its route the
-/// shape of its rules: whether its groups count alike):
+/// its route pattern, zone or method and algorithm (and, for a group other
+/// than the route's `default` group, whether it counts alike with that
+/// group's rule, or the route's first without one; another group's rule
+/// changed moves no budget):
 ///
 /// - a sliding log keeps its log of requests, which the new rule's windows
 ///   count whatever their lengths: a user who spent 8 of a limit of 10

@@ -1837,8 +1837,7 @@ fn warnings(
                 // enough to compare them.)
                 _ => inclusion.as_mut().and_then(|inclusion| {
                     (0..ri).find(|&e| {
-                        routes[e].rules.iter().any(|r| shadows(r, rule))
-                            && inclusion.covers(e, ri)
+                        routes[e].rules.iter().any(|r| shadows(r, rule)) && inclusion.covers(e, ri)
                     })
                 }),
             };
@@ -2265,32 +2264,46 @@ struct RouteContext<'a> {
 }
 
 /// Rules of one route that share a budget key (the route's, or the route's
-/// for one method) but count it differently (another algorithm or other
-/// window lengths) get a budget of their own per group: `/` and the
-/// encoded group appended (`/` is in no encoding or route id). A user whose
-/// group changes between requests would otherwise meet a state laid out
-/// for other windows, which the stores would read as nothing counted.
+/// for one method) but count it otherwise (another algorithm or other
+/// window lengths) than the budget's reference rule, the `default` group's
+/// (else the first in the table), get a budget of their own per group: `/`
+/// and the encoded group appended (`/` is in no encoding or route id). A
+/// user whose group changes between requests would otherwise meet a state
+/// laid out for other windows, which the stores would read as partly
+/// counted. (Measured against the reference rule alone, not against each
+/// other, so that a reloaded table that changes one group's rule moves no
+/// other group's budget: the reference rule's budget never moves, and
+/// another's only when its own rule, or the reference's, changes how it
+/// counts.)
 fn split_by_group(rules: &mut [CompiledRule]) {
-    // (A budget is split when not all its rules count it alike: when one
-    // counts it otherwise than the first.)
-    let mut first: HashMap<&str, Shape> = HashMap::new();
-    let mut differs: HashSet<Box<str>> = HashSet::new();
-    for policy in rules.iter().filter_map(|r| r.policy.as_deref()) {
-        let shape = policy.shape();
-        match first.get(&*policy.budget) {
-            None => {
-                first.insert(&policy.budget, shape);
+    let mut reference: HashMap<&str, (Shape, bool)> = HashMap::new();
+    for rule in rules.iter() {
+        let Some(policy) = rule.policy.as_deref() else {
+            continue;
+        };
+        let is_default = rule.group.as_str() == DEFAULT_GROUP;
+        match reference.get(&*policy.budget) {
+            Some((_, true)) => {}
+            Some((_, false)) if !is_default => {}
+            _ => {
+                reference.insert(&policy.budget, (policy.shape(), is_default));
             }
-            Some(seen) if *seen != shape => {
-                differs.insert(policy.budget.clone());
-            }
-            Some(_) => {}
         }
     }
-    for rule in rules.iter_mut() {
+    let differs: Vec<bool> = rules
+        .iter()
+        .map(|rule| {
+            rule.policy.as_deref().is_some_and(|policy| {
+                reference
+                    .get(&*policy.budget)
+                    .is_some_and(|(shape, _)| *shape != policy.shape())
+            })
+        })
+        .collect();
+    for (rule, differs) in rules.iter_mut().zip(differs) {
         let group = rule.group.as_str().to_owned();
         if let Some(policy) = rule.policy.as_mut().and_then(Arc::get_mut) {
-            if differs.contains(&*policy.budget) {
+            if differs {
                 policy.budget =
                     format!("{}/{}", policy.budget, key::encode(group.as_bytes())).into();
             }
@@ -3005,8 +3018,10 @@ mod tests {
             .build()
             .unwrap();
         let route = key::pattern_id("^/a");
-        assert_eq!(budget(&rules, "/a", "default"), format!("{route}/default"));
-        assert_eq!(budget(&rules, "/a", "more"), format!("{route}/more"));
+        // (The default group's rule is the reference: its budget, and
+        // that of a group counting alike, is the route's.)
+        assert_eq!(budget(&rules, "/a", "default"), route);
+        assert_eq!(budget(&rules, "/a", "more"), route);
         assert_eq!(budget(&rules, "/a", "pro"), format!("{route}/pro"));
         assert_eq!(budget(&rules, "/a", "tb"), format!("{route}/tb"));
         // A route whose groups all count alike keeps one budget.

@@ -1422,6 +1422,49 @@ async fn a_table_set_again_is_not_answered_from_its_old_denials() {
     assert_eq!(store.calls(), 4);
 }
 
+/// A reloaded table that changes one group's rule moves no other group's
+/// budget: a default user who spent a minute's 10 is still denied after
+/// the `gold` rule changes its windows, and a block running holds. Before,
+/// the route's groups then counted differently, every group's budget got
+/// a key of its own, and the user had 10 more (an outside trial, on the
+/// memory store and on Redis).
+#[tokio::test]
+async fn another_groups_rule_changed_by_a_reload_moves_no_budget() {
+    use tower::ServiceExt;
+    use tower_ratelimit::identity::Global;
+    use tower_ratelimit::ReloadableRules;
+
+    let table = |gold: Rule| {
+        let mine = Rule::new().minute(10).block_time(Duration::from_secs(3600));
+        Rules::builder().route("^/a", [mine, gold]).build().unwrap()
+    };
+    let rules = ReloadableRules::new(table(Rule::group("gold").minute(100)));
+    let layer = tower_ratelimit::RateLimitLayer::new(rules.clone(), MemoryStore::new())
+        .clock(tower_ratelimit::clock::ManualClock::new(
+            tower_ratelimit::clock::Timestamp::from_micros(support::START),
+        ))
+        .identify(Global);
+    let router = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
+    let status = || async {
+        let request = Request::get("/a").body(Body::empty()).unwrap();
+        router.clone().oneshot(request).await.unwrap().status()
+    };
+    for _ in 0..10 {
+        assert_eq!(status().await, StatusCode::OK);
+    }
+    assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
+    for gold in [
+        Rule::group("gold").hour(100),
+        Rule::group("gold")
+            .minute(100)
+            .algorithm(tower_ratelimit::Algorithm::TokenBucket),
+        Rule::group("gold").minute(100),
+    ] {
+        rules.set(table(gold));
+        assert_eq!(status().await, StatusCode::TOO_MANY_REQUESTS);
+    }
+}
+
 /// A costly request's block holds for the block time, though the wait it
 /// reports is its own when longer: the cached denial ends with the block,
 /// so the next costly request reaches the store and is blocked again, and

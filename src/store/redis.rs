@@ -117,7 +117,8 @@
 //! - `<prefix>` is [`RedisStoreBuilder::prefix`] (default `rl`);
 //! - `<policy>` is `r` + 16 hex digits of the SHA-256 of the route pattern
 //!   (with `.METHOD` appended for rules that name a method, and `/` + the
-//!   encoded group when the route's groups count differently), or `z` + the
+//!   encoded group when the group's rule counts otherwise than the route's
+//!   `default` group's, or its first rule's without one), or `z` + the
 //!   encoded zone name;
 //! - `<user>` is the percent-encoded identity, or `#` + 32 hex digits of its
 //!   SHA-256 when the encoding is longer than 128 bytes (see [`crate::key`]).
