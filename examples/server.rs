@@ -268,7 +268,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
     // (The text loaded is what a reload compares the file with.)
     let (config, loaded) = match &args.config {
         Some(path) => {
-            let text = tokio::fs::read_to_string(path)
+            let text = read_config(path)
                 .await
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             // (Named as a reload's error names it.)
@@ -508,16 +508,19 @@ fn reloads(
     // (SIGHUP is taken over now, before the server answers anything: a
     // hang-up from then on reloads, never ends the process.)
     #[cfg(unix)]
-    let mut hangups = path.as_ref().and_then(|_| {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(|e| tracing::warn!("cannot catch SIGHUP: {e}"))
-            .ok()
-    });
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| tracing::warn!("cannot catch SIGHUP: {e}"))
+        .ok();
     #[cfg(not(unix))]
     let mut hangups = None;
     async move {
         let Some(path) = path else {
-            return std::future::pending().await;
+            // (A hang-up, as a reload script sends every server, does not
+            // end one without a file to reload.)
+            loop {
+                hangup(&mut hangups).await;
+                tracing::info!("SIGHUP: no --config to reload; the built-in table stays");
+            }
         };
         // (Not read again here: a change made between start-up and this
         // task's first run is a change.)
@@ -533,7 +536,7 @@ fn reloads(
                 () = tick(every) => false,
                 () = hangup(&mut hangups) => true,
             };
-            let text = match tokio::fs::read_to_string(&path).await {
+            let text = match read_config(&path).await {
                 Ok(text) => {
                     unreadable = None;
                     text
@@ -575,6 +578,14 @@ fn reloads(
                 }
             };
             match checked {
+                // (A table that had routes does not lose them all by a
+                // reload: an empty file is most likely one being written.)
+                Ok(config) if config.rules().is_empty() && !rules.get().is_empty() => {
+                    tracing::warn!(
+                        "{} has no routes; keeping the running table (to limit nothing for a while, set `shadow = true`)",
+                        path.display()
+                    );
+                }
                 Ok(config) => {
                     // (Two swaps: one request between them may read the
                     // new groups with the old rules.)
@@ -592,6 +603,27 @@ fn reloads(
             last = Some(text);
         }
     }
+}
+
+/// The text of the config file; one that is not UTF-8 is an error that
+/// says where (line and byte).
+async fn read_config(path: &std::path::Path) -> Result<String, String> {
+    let bytes = tokio::fs::read(path).await.map_err(|e| e.to_string())?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let before = &e.as_bytes()[..at];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = at
+            - before
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1)
+            + 1;
+        format!(
+            "not UTF-8 text at line {line}, column {column} (byte {})",
+            at + 1
+        )
+    })
 }
 
 /// The answer to an `x-demo-status` that [`demo_status`] refuses.
@@ -647,8 +679,9 @@ fn identify(
 ) -> Result<Identity, IdentityError> {
     // (An empty key is no key: the client is known by its address.)
     if let Some(key) = head.headers.get("x-api-key").filter(|k| !k.is_empty()) {
-        let group = key
-            .to_str()
+        // (Compared as bytes: a key of UTF-8 text, `ключ`, matches as a
+        // client sends it.)
+        let group = std::str::from_utf8(key.as_bytes())
             .ok()
             .and_then(|k| groups.get(k))
             .cloned()

@@ -2508,6 +2508,18 @@ impl Config {
             let at = Location::field(format!("groups.{key:?}"));
             return Err(ConfigError::new(at, ConfigErrorKind::EmptyName));
         }
+        // (Nor is a key with blanks around it sent: HTTP drops them from a
+        // header's value.)
+        if let Some(key) = raw.groups.keys().find(|key| key.trim() != key.as_str()) {
+            let at = Location::field(format!("groups.{key:?}"));
+            return Err(ConfigError::new(
+                at,
+                ConfigErrorKind::Parse(
+                    "a key with blanks before or after it never matches: HTTP drops them from a header's value"
+                        .to_owned(),
+                ),
+            ));
+        }
         let mut named = BTreeSet::new();
         for route in raw.routes {
             named.extend(
@@ -2835,8 +2847,14 @@ impl<'de> Deserialize<'de> for RawLimit {
                 Ok(RawLimit(n))
             }
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawLimit, E> {
-                // (Beyond i64: far beyond any limit, reported as such.)
-                Ok(RawLimit(i64::try_from(n).unwrap_or(i64::MAX)))
+                // (Beyond i64: far beyond any limit, reported with the
+                // number as written.)
+                i64::try_from(n).map(RawLimit).map_err(|_| {
+                    E::custom(format!(
+                        "a limit is a whole number from 1 to {}, got {n}",
+                        u32::MAX
+                    ))
+                })
             }
         }
         d.deserialize_i64(Visitor)

@@ -509,6 +509,28 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     assert!(error.contains("^/(a"), "{error}");
     assert!(error.starts_with(&format!("{}: ", bad.path())), "{error}");
 
+    // Not UTF-8: where, by line and byte.
+    let latin1 = config_file("");
+    std::fs::write(latin1.path(), b"[[routes]]\npath = \"^/caf\xe9\"\n").unwrap();
+    let error = start_error(&["--config", latin1.path()]).await;
+    assert!(
+        error.contains("not UTF-8 text at line 2, column 14 (byte 25)"),
+        "{error}"
+    );
+
+    // A `[groups]` key with blanks around it, which HTTP drops from a
+    // header's value, so that it would never match.
+    let blanks = config_file("[groups]\n\" k \" = \"admin\"\n");
+    let error = start_error(&["--config", blanks.path()]).await;
+    assert!(error.contains("blanks"), "{error}");
+    assert!(error.contains("groups.\" k \""), "{error}");
+
+    // A limit beyond 64 bits is reported as written.
+    let huge =
+        config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minute = 18446744073709551615 }]\n");
+    let error = start_error(&["--config", huge.path()]).await;
+    assert!(error.contains("got 18446744073709551615"), "{error}");
+
     let unknown = config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minutes = 2 }]\n");
     let error = start_error(&["--config", unknown.path()]).await;
     assert!(error.contains("minutes"), "{error}");
@@ -858,11 +880,20 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     );
     assert!(!started.contains("group `admin`"), "{started}");
 
-    // A table with no routes, and a group no rule names.
-    rewrite(&file, "[groups]\n\"k1\" = \"ghost\"\n\"k2\" = \"ghost\"\n");
-    log.until(&format!("INFO reloaded {}: 0 routes\n", file.path()))
-        .await;
-    log.until("WARN the configuration has no routes: no request is limited\n")
+    // A table with no routes in place of one with some: refused (an
+    // emptied file is most likely one being written).
+    rewrite(&file, "[groups]\n\"k1\" = \"ghost\"\n");
+    log.until(&format!(
+        "WARN {} has no routes; keeping the running table (to limit nothing for a while, set `shadow = true`)\n",
+        file.path()
+    ))
+    .await;
+    // A group no rule names.
+    rewrite(
+        &file,
+        "[groups]\n\"k1\" = \"ghost\"\n\"k2\" = \"ghost\"\n\n[[routes]]\npath = \"^/a\"\nrules = [{ minute = 2 }]\n",
+    );
+    log.until(&format!("INFO reloaded {}: 1 route\n", file.path()))
         .await;
     log.until("WARN no rule names group `ghost`, which [groups] gives 2 key(s)")
         .await;
@@ -967,6 +998,13 @@ async fn a_changed_config_file_is_reloaded_without_a_restart() {
     let admin = get(addr, "/a", &[("x-api-key", "admin-key")]).await;
     assert_eq!(admin.header("x-ratelimit-limit"), Some("3"));
 
+    // An emptied file (one being written, most likely): the running
+    // table kept (given 15 looks at it).
+    rewrite(&file, "");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = get(addr, "/a", &[("x-api-key", "after-empty")]).await;
+    assert_eq!(answer.header("x-ratelimit-limit"), Some("3"));
+
     // A broken file: reported, and the running table kept (given 15
     // looks at it), until a good one comes.
     rewrite(
@@ -981,6 +1019,22 @@ async fn a_changed_config_file_is_reloaded_without_a_restart() {
         "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 4 }]\n",
     );
     until_limit(addr, "4").await;
+}
+
+/// A `[groups]` key of UTF-8 text matches as a client sends it (the
+/// header's bytes): before, only a visible-ASCII key could.
+#[tokio::test]
+async fn a_utf8_key_finds_its_group() {
+    let file = config_file(
+        "[groups]\n\"ключ\" = \"admin\"\n\n[[routes]]\npath = \"^/a\"\n\
+         rules = [{ minute = 1 }, { group = \"admin\" }]\n",
+    );
+    let addr = demo(&["--config", file.path(), "--reload-check-ms", "0"]).await;
+    for _ in 0..3 {
+        let answer = get(addr, "/a", &[("x-api-key", "ключ")]).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("x-ratelimit-limit"), None, "unlimited");
+    }
 }
 
 /// SIGHUP loads `--config` again at once (here with no looking at the file
