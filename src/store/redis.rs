@@ -1694,6 +1694,10 @@ struct Lazy<C> {
     answered_at: AtomicU64,
     /// Whether a `MOVED` on a connection to one server was logged.
     told_moved: AtomicBool,
+    /// Whether a reconnect refused for a wrong setup was logged (once, until
+    /// a connection is made: a Cluster's loops end and start again while
+    /// its kept client answers).
+    told_misconfigured: AtomicBool,
     clock: Arc<ServerClock>,
     /// Set for Sentinel (see [`Follow`]).
     follow: Option<Follow>,
@@ -1759,6 +1763,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             used: AtomicBool::new(false),
             answered_at: AtomicU64::new(0),
             told_moved: AtomicBool::new(false),
+            told_misconfigured: AtomicBool::new(false),
             scripts,
             combine: AtomicBool::new(true),
             load_timeout,
@@ -2106,7 +2111,6 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         let started = self.micros(tokio::time::Instant::now());
         runtime.spawn(async move {
             let mut backoff = Duration::from_millis(50);
-            let mut told = false;
             let mut tried = false;
             loop {
                 let Some(this) = weak.upgrade() else { return };
@@ -2138,6 +2142,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 }
                 match this.try_connect().await {
                     Ok(()) => {
+                        this.told_misconfigured.store(false, Ordering::Relaxed);
                         tracing::info!("rate-limit store reconnected to redis");
                         this.reconnecting.store(false, Ordering::Release);
                         return;
@@ -2145,8 +2150,10 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     // (Set up wrongly since the store was built, as a
                     // password changed on the server: said once, as an
                     // error, since it will not mend by itself.)
-                    Err(error) if misconfigured(&error) && !told => {
-                        told = true;
+                    Err(error)
+                        if misconfigured(&error)
+                            && !this.told_misconfigured.swap(true, Ordering::Relaxed) =>
+                    {
                         tracing::error!(%error, "redis reconnect refused: the store's setup is wrong");
                     }
                     Err(error) => tracing::debug!(%error, "redis reconnect failed"),
