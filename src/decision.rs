@@ -524,10 +524,7 @@ pub(crate) fn grpc(
     let headers = response.headers_mut();
     let content_type = request
         .get(CONTENT_TYPE)
-        .filter(|v| {
-            const WEB: &[u8] = b"application/grpc-web";
-            (v.as_bytes().get(..WEB.len())).is_some_and(|head| head.eq_ignore_ascii_case(WEB))
-        })
+        .filter(|v| starts_with_any_case(v.as_bytes(), b"application/grpc-web"))
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/grpc"));
     headers.insert(CONTENT_TYPE, content_type);
@@ -579,8 +576,14 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     const GRPC: &[u8] = b"application/grpc";
     headers.get(CONTENT_TYPE).is_some_and(|v| {
         let v = v.as_bytes();
-        v.get(..GRPC.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(GRPC))
+        starts_with_any_case(v, GRPC)
             && matches!(v.get(GRPC.len()), None | Some(b'+' | b';' | b'-'))
     })
+}
+
+/// Whether `bytes` starts with `prefix`, ASCII letters in either case.
+fn starts_with_any_case(bytes: &[u8], prefix: &[u8]) -> bool {
+    bytes
+        .get(..prefix.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
 }
