@@ -1877,10 +1877,12 @@ fn warnings(
 /// found from literal prefixes alone.
 const INCLUSION_ROUTES: usize = 128;
 
-/// The most states [`Inclusion::covers`] visits over a whole table, and
-/// the most states a route's automaton (its NFA) may have to be compared:
-/// a table of patterns with large classes (`\w`, `\pL`: hundreds of
-/// states) warns less, and is checked in milliseconds still.
+/// The most pairs of states [`Inclusion::covers`] visits over a whole
+/// table, and the most states a route's automaton (its NFA) may have to be
+/// compared: a table of patterns with large classes (`\w`, `\pL`:
+/// hundreds of states) warns less. (128 routes sharing one literal prefix,
+/// every pair compared: 27–31 ms from start to listening in the release
+/// demo server, 15–24 ms for 128 of distinct prefixes.)
 const INCLUSION_STATES: usize = 100_000;
 const INCLUSION_NFA_STATES: usize = 256;
 
