@@ -949,6 +949,18 @@ fn cluster_pool(
 }
 
 /// Twelve users spread over `cluster`'s masters, each decided once through
+/// `app`, and the master of each.
+async fn decided_spread(
+    cluster: &support::redis_server::RedisCluster,
+    app: &App,
+) -> (Vec<String>, Vec<usize>) {
+    let users = spread_users(12);
+    until_decided(app, &users).await;
+    let masters = masters_of(cluster, &users);
+    (users, masters)
+}
+
+/// Twelve users spread over `cluster`'s masters, each decided once through
 /// `app`, and the master of each; then the first user's master paused
 /// (`CLIENT PAUSE`) for `ms`: its index, and when the pause began.
 async fn stall_a_master(
@@ -956,9 +968,7 @@ async fn stall_a_master(
     app: &App,
     ms: u64,
 ) -> (Vec<String>, Vec<usize>, usize, Instant) {
-    let users = spread_users(12);
-    until_decided(app, &users).await;
-    let masters = masters_of(cluster, &users);
+    let (users, masters) = decided_spread(cluster, app).await;
     let stalled = masters[0];
     let ms = ms.to_string();
     assert_eq!(
@@ -1070,9 +1080,7 @@ async fn a_cluster_client_timing_out_on_one_master_alone_is_kept() {
     )
     .await;
     no_failover(&cluster);
-    let users = spread_users(12);
-    until_decided(&app, &users).await;
-    let masters = masters_of(&cluster, &users);
+    let (users, masters) = decided_spread(&cluster, &app).await;
     let stalled = masters[0];
     // (Stopped, as a process that hangs: it takes no connection and
     // answers nothing; continued however the test ends.)
@@ -1111,9 +1119,7 @@ async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
         true,
     )
     .await;
-    let users = spread_users(12);
-    until_decided(&app, &users).await;
-    let masters = masters_of(&cluster, &users);
+    let (users, masters) = decided_spread(&cluster, &app).await;
     let key = cluster.nodes[masters[0]].cli(&["--scan", "--pattern", "*spread0x*"]);
     let slot: u16 = cluster.nodes[0]
         .cli(&["cluster", "keyslot", &key])
@@ -1174,9 +1180,7 @@ async fn a_store_made_while_a_cluster_master_hangs_decides_on_the_others() {
         true,
     )
     .await;
-    let users = spread_users(12);
-    until_decided(&warm, &users).await;
-    let masters = masters_of(&cluster, &users);
+    let (users, masters) = decided_spread(&cluster, &warm).await;
     let stalled = masters[0];
     let _stopped = Stopped::new(cluster.nodes[stalled].pid().unwrap());
     let paused = Instant::now();
