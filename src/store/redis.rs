@@ -180,11 +180,14 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 
+use self::watch::Watch;
 use super::counters::{self, Slot};
 use super::{
     AdjustFuture, Adjustment, Check, Decision, Store, StoreError, StoreErrorKind, WindowState,
 };
 use crate::rules::{Algorithm, Window, MAX_WINDOWS};
+
+mod watch;
 
 macro_rules! script {
     ($($file:literal),+) => {
@@ -711,7 +714,7 @@ const REPLACEMENT_GAP_US: u64 = 2_000_000;
 
 /// The first key of a script call (`EVALSHA sha numkeys key ...`), if it
 /// has one.
-fn first_key(cmd: &redis::Cmd) -> Option<Vec<u8>> {
+fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
     let mut args = cmd.args_iter().filter_map(|arg| match arg {
         redis::Arg::Simple(bytes) => Some(bytes),
         _ => None,
@@ -722,9 +725,7 @@ fn first_key(cmd: &redis::Cmd) -> Option<Vec<u8>> {
     }
     let _script = args.next()?;
     let keys = args.next()?;
-    (keys != b"0")
-        .then(|| args.next().map(<[u8]>::to_vec))
-        .flatten()
+    (keys != b"0").then(|| args.next()).flatten()
 }
 
 /// The server's clock as seen from here: its offset from this process's
@@ -1701,6 +1702,8 @@ struct Lazy<C> {
     clock: Arc<ServerClock>,
     /// Set for Sentinel (see [`Follow`]).
     follow: Option<Follow>,
+    /// Set for a Cluster the store made (see [`Watch`]).
+    watch: Option<Arc<Watch>>,
     /// See [`Shape::deadlines`].
     deadlines: bool,
     scripts: Arc<Scripts>,
@@ -1742,6 +1745,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         shape: Shape,
         common: &Common,
         follow: Option<Follow>,
+        watch: Option<Arc<Watch>>,
     ) -> Arc<Self> {
         let Common {
             scripts,
@@ -1751,6 +1755,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         Arc::new(Self {
             clock,
             follow,
+            watch,
             deadlines: shape.deadlines,
             current: ArcSwapOption::empty(),
             connect,
@@ -1785,13 +1790,22 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         shape: Shape,
         common: &Common,
         follow: Option<Follow>,
+        watch: Option<Arc<Watch>>,
         what: &str,
     ) -> Result<Arc<Self>, StoreError> {
-        let lazy = Self::new(connect, shape, common, follow);
+        let lazy = Self::new(connect, shape, common, follow, watch);
         if lazy.follow.is_some() {
             lazy.follow();
         }
-        match lazy.try_connect().await {
+        // (A Cluster's masters are asked as the client connects: one that
+        // hangs is held before the first check of its slots.)
+        let survey = async {
+            if let Some(watch) = &lazy.watch {
+                watch.survey().await;
+            }
+        };
+        let (connected, ()) = tokio::join!(lazy.try_connect(), survey);
+        match connected {
             Ok(()) => {}
             Err(error) if misconfigured(&error) => {
                 return Err(config_error(format!("{what}: {error}")));
@@ -2075,6 +2089,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         cmd: &redis::Cmd,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
+        if let Some(watch) = &self.watch {
+            if let Some(node) = first_key(cmd).and_then(|key| watch.holding(key)) {
+                return Err(held(&node));
+            }
+        }
         let started = tokio::time::Instant::now();
         let call = Box::pin(self.invoke(cmd, deadline));
         let reply = match tokio::time::timeout(deadline, call).await {
@@ -2090,7 +2109,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     e.kind(),
                     StoreErrorKind::Timeout | StoreErrorKind::Unavailable
                 ) {
-                    self.failed_key.store(first_key(cmd).map(Arc::new));
+                    let key = first_key(cmd);
+                    self.failed_key.store(key.map(|k| Arc::new(k.to_vec())));
+                    if let (Some(watch), Some(key)) = (&self.watch, key) {
+                        watch.suspect(key);
+                    }
                 }
             }
         }
@@ -2134,7 +2157,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     // every two seconds (a new client is a connection to
                     // every node).
                     if this.get().is_some()
-                        && (!this.replacement_due() || this.kept_reaches_failed_key().await)
+                        && (this.failed_key_held()
+                            || !this.replacement_due()
+                            || this.kept_reaches_failed_key().await)
                     {
                         this.reconnecting.store(false, Ordering::Release);
                         return;
@@ -2182,8 +2207,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         // client busy refreshing its slots answers nothing for a moment.
         // Refused connections, a Cluster down, end it at once.)
         let until = tokio::time::Instant::now() + self.probe_timeout;
+        let slots: Vec<u16> = probed_slots()
+            .filter(|&slot| !self.watch.as_ref().is_some_and(|w| w.holds_slot(slot)))
+            .collect();
         loop {
-            let Some(some) = conn.answers_on_some_master() else {
+            let Some(some) = conn.answers_on_some_master(&slots) else {
                 return;
             };
             match tokio::time::timeout_at(until, some).await {
@@ -2197,6 +2225,16 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             tokio::time::sleep(PROBE_PAUSE).await;
         }
         self.current.store(None);
+    }
+
+    /// Whether the last failed check's master is held (see [`Watch`]): no
+    /// new client would reach it either, and asking it through the kept
+    /// one would only make that wait on it.
+    fn failed_key_held(&self) -> bool {
+        match (&self.watch, self.failed_key.load().as_deref()) {
+            (Some(watch), Some(key)) => watch.holding(key).is_some(),
+            _ => false,
+        }
     }
 
     /// Whether the kept client reads the last failed check's key from its
@@ -2447,6 +2485,44 @@ fn refused_as_late(clock: &ServerClock) -> StoreError {
     StoreError::new(
         StoreErrorKind::Timeout,
         "redis ran the check after its deadline on the server's clock; nothing was recorded",
+    )
+}
+
+/// The watch of the masters of the Cluster at `urls` (see [`Watch`]):
+/// its connections take the first URL's settings (user, password, TLS), as
+/// redis-rs' client's do.
+fn cluster_watch(
+    tls: &Tls,
+    urls: &[String],
+    connect_timeout: Duration,
+    timeout: Duration,
+) -> Result<Option<Arc<Watch>>, StoreError> {
+    use redis::IntoConnectionInfo;
+    let Some(first) = urls.first() else {
+        return Ok(None);
+    };
+    let base = tls.client(first)?.get_connection_info().clone();
+    let seeds = urls
+        .iter()
+        .filter_map(|url| url.as_str().into_connection_info().ok())
+        .filter_map(|info| match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+            _ => None,
+        })
+        .collect();
+    Ok(Watch::new(base, seeds, connect_timeout, timeout))
+}
+
+/// A check of a held Cluster master's slots (see [`Watch`]).
+#[cold]
+fn held(node: &watch::Node) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        format!(
+            "the redis cluster master of this check's slot ({}:{}) answers nothing; its checks fail at once until it does",
+            node.0, node.1
+        ),
     )
 }
 
@@ -3253,7 +3329,7 @@ trait AskAgain: ConnectionLike {
     /// Cluster's. A Cluster client whose checks time out again and again
     /// on one master in trouble still serves the others when this
     /// answers.
-    fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
+    fn answers_on_some_master(&mut self, _slots: &[u16]) -> Option<redis::RedisFuture<'_, ()>> {
         None
     }
 
@@ -3305,8 +3381,8 @@ impl AskAgain for ClusterConnection {
         }))
     }
 
-    fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
-        Some(ping_some_master(self))
+    fn answers_on_some_master(&mut self, slots: &[u16]) -> Option<redis::RedisFuture<'_, ()>> {
+        Some(ping_some_master(self, slots))
     }
 
     fn read_at_master<'a>(&'a mut self, key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
@@ -3411,8 +3487,8 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
         self.conn.load_on_every_master(load)
     }
 
-    fn answers_on_some_master(&mut self) -> Option<redis::RedisFuture<'_, ()>> {
-        self.conn.answers_on_some_master()
+    fn answers_on_some_master(&mut self, slots: &[u16]) -> Option<redis::RedisFuture<'_, ()>> {
+        self.conn.answers_on_some_master(slots)
     }
 
     fn read_at_master<'a>(&'a mut self, key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
@@ -3444,8 +3520,8 @@ fn ping_slot(conn: &ClusterConnection, slot: u16) -> redis::RedisFuture<'static,
 /// first answer ends it. (Not redis-rs' `PING` to
 /// every master at once, which fails as a whole when the client has no
 /// connection to one of them.)
-fn ping_some_master(conn: &ClusterConnection) -> redis::RedisFuture<'static, ()> {
-    let pings: Vec<_> = probed_slots().map(|slot| ping_slot(conn, slot)).collect();
+fn ping_some_master(conn: &ClusterConnection, slots: &[u16]) -> redis::RedisFuture<'static, ()> {
+    let pings: Vec<_> = slots.iter().map(|&slot| ping_slot(conn, slot)).collect();
     Box::pin(async move { futures_util::future::select_ok(pings).await.map(drop) })
 }
 
@@ -3669,7 +3745,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// A Redis Cluster, given some of its nodes.
+    /// A Redis Cluster, given some of its nodes (the first one's user,
+    /// password and TLS settings apply to every node). Besides redis-rs'
+    /// Cluster client, the store watches each master on connections of its
+    /// own: the checks of a master that answers nothing fail at once (the
+    /// fail mode applies) until it answers or its slots move, so that it
+    /// holds back no other master's checks (see the README's failure
+    /// modes).
     pub fn cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
         self.target = Some(Target::Cluster(urls.into_iter().map(Into::into).collect()));
         self
@@ -3937,7 +4019,11 @@ impl RedisStoreBuilder {
     /// `SCRIPT LOAD`, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
     /// its ACL allows them; on a Cluster, also what redis-rs's cluster
     /// client asks, such as `CLUSTER SLOTS`, and `PING` and `EXISTS` to
-    /// tell whether a client reaches its masters while checks fail. One denied `EVALSHA` builds,
+    /// tell whether a client reaches its masters while checks fail; a
+    /// store made with `cluster(..)` also sends `CLUSTER SLOTS` and `PING`
+    /// on connections of its own, as it connects and when checks fail, to
+    /// find a master that answers nothing, whose checks then fail at once
+    /// (see the README). One denied `EVALSHA` builds,
     /// and every check fails.) A Redis that
     /// cannot be reached yet is not an error: the store logs a warning,
     /// keeps connecting in the background, and until then every check
@@ -4000,7 +4086,7 @@ impl RedisStoreBuilder {
                             .await
                     })
                 });
-                Backend::Direct(Lazy::launch(connect, direct, &common, None, "redis").await?)
+                Backend::Direct(Lazy::launch(connect, direct, &common, None, None, "redis").await?)
             }
             Some(Target::Sentinel {
                 sentinels,
@@ -4114,7 +4200,9 @@ impl RedisStoreBuilder {
                             })
                     })
                 });
-                Backend::Direct(Lazy::launch(connect, direct, &common, Some(follow), &what).await?)
+                Backend::Direct(
+                    Lazy::launch(connect, direct, &common, Some(follow), None, &what).await?,
+                )
             }
             Some(Target::Cluster(urls)) => {
                 let builder = tls.cluster(&urls)?;
@@ -4147,8 +4235,9 @@ impl RedisStoreBuilder {
                         })
                     })
                 });
+                let watch = cluster_watch(&tls, &urls, connect_timeout, response_timeout)?;
                 Backend::Cluster(
-                    Lazy::launch(connect, cluster, &common, None, "redis cluster").await?,
+                    Lazy::launch(connect, cluster, &common, None, watch, "redis cluster").await?,
                 )
             }
             // (A pool's connections multiplex: the store keeps one checked
@@ -4164,7 +4253,9 @@ impl RedisStoreBuilder {
                     Box::pin(async move { pool.get().await })
                 };
                 let connect = checkout(get, connect_timeout);
-                Backend::Pool(Lazy::launch(connect, direct, &common, None, "redis (pool)").await?)
+                Backend::Pool(
+                    Lazy::launch(connect, direct, &common, None, None, "redis (pool)").await?,
+                )
             }
             Some(Target::ClusterPool(pool)) => {
                 tls.unused_by("a caller's pool (whose own configuration sets its TLS)")?;
@@ -4174,7 +4265,9 @@ impl RedisStoreBuilder {
                 };
                 let connect = checkout(get, connect_timeout);
                 let what = "redis cluster (pool)";
-                Backend::ClusterPool(Lazy::launch(connect, cluster, &common, None, what).await?)
+                Backend::ClusterPool(
+                    Lazy::launch(connect, cluster, &common, None, None, what).await?,
+                )
             }
         };
         let batcher = match &backend {
@@ -4307,7 +4400,7 @@ mod tests {
         let attempts = Arc::new(AtomicU32::new(0));
         let connect = refused(attempts.clone());
         // (Not launched: no connection, no loop.)
-        let lazy = Lazy::new(connect, TEST_SHAPE, &test_common(), None);
+        let lazy = Lazy::new(connect, TEST_SHAPE, &test_common(), None, None);
         let reply = lazy
             .invoke(&redis::cmd("PING"), Duration::from_millis(50))
             .await;
@@ -4323,7 +4416,7 @@ mod tests {
     async fn the_reconnect_loop_ends_with_the_store() {
         let attempts = Arc::new(AtomicU32::new(0));
         let connect = refused(attempts.clone());
-        let lazy = Lazy::launch(connect, TEST_SHAPE, &test_common(), None, "test")
+        let lazy = Lazy::launch(connect, TEST_SHAPE, &test_common(), None, None, "test")
             .await
             .unwrap();
         assert!(lazy.get().is_none());
