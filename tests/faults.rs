@@ -1202,6 +1202,67 @@ async fn a_store_made_while_a_cluster_master_hangs_decides_on_the_others() {
     until_decided(&app, &users).await;
 }
 
+/// A store whose client refreshes its slots while a master hangs (another
+/// master failed over meanwhile: its checks are redirected, and redis-rs
+/// reconnects to the nodes) decides the checks of the masters that answer,
+/// once the refresh is done. The watch holds the hung master, so no check
+/// of its slots goes to the client, which, holding no connection to it,
+/// would send it elsewhere, be redirected, and refresh its slots again,
+/// waiting on the hung master and holding every check back (benches/
+/// HISTORY.md, rounds 40 and 41).
+#[tokio::test]
+async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_others() {
+    let cluster = support::redis_server::RedisCluster::start_with_replicas();
+    no_failover(&cluster);
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    let (users, masters) = decided_spread(&cluster, &app).await;
+    let hung = masters[0];
+    let (moved, mover) = users
+        .iter()
+        .zip(&masters)
+        .find(|(_, &m)| m != hung)
+        .unwrap();
+    let key = cluster.nodes[*mover].cli(&["--scan", "--pattern", &format!("*{moved}*")]);
+    let slot: u16 = cluster.nodes[*mover]
+        .cli(&["cluster", "keyslot", &key])
+        .parse()
+        .unwrap();
+    let (_, replica) = cluster.master_and_replica(slot);
+    let replica = replica.expect("every master has a replica");
+    let stopped = Stopped::new(cluster.nodes[hung].pid().unwrap());
+    // (The hung master's first check fails, and the watch asks the masters.)
+    assert_eq!(
+        app.get("/x", &users[0]).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        cluster.nodes[replica].cli(&["cluster", "failover", "takeover"]),
+        "OK"
+    );
+    let others: Vec<String> = users
+        .iter()
+        .zip(&masters)
+        .filter(|(_, &m)| m != hung)
+        .map(|(u, _)| u.clone())
+        .collect();
+    until_decided(&app, &others).await;
+    let masters: Vec<usize> = masters
+        .iter()
+        .map(|&m| if m == *mover { replica } else { m })
+        .collect();
+    for _ in 0..5 {
+        decided_around_a_stalled_master(&app, &users, &masters, hung).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(stopped);
+    until_decided(&app, &users).await;
+}
+
 /// Sets `cluster`'s node timeout to a minute, so that a stopped master is
 /// not found failing while a test runs (the other masters would then
 /// answer `CLUSTERDOWN`, 2 s on with the test clusters' timeout).

@@ -1394,7 +1394,9 @@ async fn run_one<C: AskAgain + Clone>(
 ) -> RedisResult<Vec<u8>> {
     match conn.req_packed_command(cmd).await.and_then(bulk) {
         // (Boxed: a rare path, kept out of every batch's future.)
-        Err(e) if is_noscript(&e) => Box::pin(reload_and_retry(conn, cmd, &lazy.scripts)).await,
+        Err(e) if is_noscript(&e) => {
+            Box::pin(reload_and_retry(conn, cmd, &lazy.scripts, &[])).await
+        }
         result => result,
     }
 }
@@ -2063,7 +2065,12 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             Err(e) if is_noscript(&e) => {
                 let left = deadline.saturating_sub(started.elapsed());
                 // (Boxed: a rare path, kept out of every check's future.)
-                let retry = Box::pin(reload_and_retry(&mut conn, cmd, &self.scripts));
+                let held = self
+                    .watch
+                    .as_ref()
+                    .map(|w| w.held_nodes())
+                    .unwrap_or_default();
+                let retry = Box::pin(reload_and_retry(&mut conn, cmd, &self.scripts, &held));
                 match tokio::time::timeout(left, retry).await {
                     Ok(result) => result,
                     Err(_) => {
@@ -2089,7 +2096,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         cmd: &redis::Cmd,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
-        if let Some(watch) = &self.watch {
+        if let Some(watch) = self.watch.as_ref().filter(|w| w.any_held()) {
             if let Some(node) = first_key(cmd).and_then(|key| watch.holding(key)) {
                 return Err(held(&node));
             }
@@ -2111,8 +2118,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 ) {
                     let key = first_key(cmd);
                     self.failed_key.store(key.map(|k| Arc::new(k.to_vec())));
-                    if let (Some(watch), Some(key)) = (&self.watch, key) {
-                        watch.suspect(key);
+                    if let Some(watch) = &self.watch {
+                        watch.suspect();
                     }
                 }
             }
@@ -2157,9 +2164,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     // every two seconds (a new client is a connection to
                     // every node).
                     if this.get().is_some()
-                        && (this.failed_key_held()
+                        && (this.failed_key_held().await
                             || !this.replacement_due()
-                            || this.kept_reaches_failed_key().await)
+                            || (!this.moved_lately() && this.kept_reaches_failed_key().await))
                     {
                         this.reconnecting.store(false, Ordering::Release);
                         return;
@@ -2210,6 +2217,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         let slots: Vec<u16> = probed_slots()
             .filter(|&slot| !self.watch.as_ref().is_some_and(|w| w.holds_slot(slot)))
             .collect();
+        // (Every master held: the client is asked nothing, and kept; the
+        // checks fail at once without it until one answers.)
+        if slots.is_empty() {
+            return;
+        }
         loop {
             let Some(some) = conn.answers_on_some_master(&slots) else {
                 return;
@@ -2227,14 +2239,22 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         self.current.store(None);
     }
 
-    /// Whether the last failed check's master is held (see [`Watch`]): no
-    /// new client would reach it either, and asking it through the kept
-    /// one would only make that wait on it.
-    fn failed_key_held(&self) -> bool {
-        match (&self.watch, self.failed_key.load().as_deref()) {
-            (Some(watch), Some(key)) => watch.holding(key).is_some(),
+    /// Whether the last failed check's master is held (see [`Watch`]), once
+    /// the watch has asked it: no new client would reach it either, and
+    /// asking it through the kept one (which may hold no connection to it)
+    /// would send it to another node, whose redirect makes the client
+    /// refresh its slots, waiting on that master.
+    async fn failed_key_held(&self) -> bool {
+        match (&self.watch, self.failed_key.load_full()) {
+            (Some(watch), Some(key)) => watch.verdict(&key).await,
             _ => false,
         }
+    }
+
+    /// Whether the watch saw a held master's slots move lately (see
+    /// [`Watch::moved_lately`]).
+    fn moved_lately(&self) -> bool {
+        self.watch.as_ref().is_some_and(|w| w.moved_lately())
     }
 
     /// Whether the kept client reads the last failed check's key from its
@@ -3350,6 +3370,7 @@ trait AskAgain: ConnectionLike {
     fn load_on_every_master<'a>(
         &'a mut self,
         _load: &'a redis::Cmd,
+        _held: &'a [watch::Node],
     ) -> Option<redis::RedisFuture<'a, ()>> {
         None
     }
@@ -3408,26 +3429,33 @@ impl AskAgain for ClusterConnection {
     fn load_on_every_master<'a>(
         &'a mut self,
         load: &'a redis::Cmd,
+        held: &'a [watch::Node],
     ) -> Option<redis::RedisFuture<'a, ()>> {
         Some(Box::pin(async move {
             let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(self).await?;
-            let loads = cluster_masters(&nodes).map(|(host, port)| {
-                let mut conn = self.clone();
-                let node = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
-                    host: host.to_owned(),
-                    port,
-                };
-                async move {
-                    conn.route_command(
-                        load.clone(),
-                        redis::cluster_routing::RoutingInfo::SingleNode(node),
-                    )
-                    .await
-                }
-            });
-            // (A node the client holds no connection to is not reached
-            // (redis-rs' `ByAddress` makes none); the one that answered
-            // `NOSCRIPT` after an `ASK` is. Loaded if any load succeeded.)
+            // (Not a held master (see `Watch`): the client may hold no
+            // connection to it, and redis-rs answers a command sent by
+            // address to such a node by reconnecting from its initial
+            // nodes, which would wait on it.)
+            let loads = cluster_masters(&nodes)
+                .filter(|(host, port)| !held.iter().any(|(h, p)| h == host && p == port))
+                .map(|(host, port)| {
+                    let mut conn = self.clone();
+                    let node = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    };
+                    async move {
+                        conn.route_command(
+                            load.clone(),
+                            redis::cluster_routing::RoutingInfo::SingleNode(node),
+                        )
+                        .await
+                    }
+                });
+            // (A node the client holds no connection to is not reached by
+            // address; the one that answered `NOSCRIPT` after an `ASK` is.
+            // Loaded if any load succeeded.)
             let loaded = futures_util::future::join_all(loads).await;
             match loaded.iter().any(Result::is_ok) {
                 true => Ok(()),
@@ -3483,8 +3511,9 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
     fn load_on_every_master<'a>(
         &'a mut self,
         load: &'a redis::Cmd,
+        held: &'a [watch::Node],
     ) -> Option<redis::RedisFuture<'a, ()>> {
-        self.conn.load_on_every_master(load)
+        self.conn.load_on_every_master(load, held)
     }
 
     fn answers_on_some_master(&mut self, slots: &[u16]) -> Option<redis::RedisFuture<'_, ()>> {
@@ -3522,6 +3551,10 @@ fn ping_slot(conn: &ClusterConnection, slot: u16) -> redis::RedisFuture<'static,
 /// connection to one of them.)
 fn ping_some_master(conn: &ClusterConnection, slots: &[u16]) -> redis::RedisFuture<'static, ()> {
     let pings: Vec<_> = slots.iter().map(|&slot| ping_slot(conn, slot)).collect();
+    if pings.is_empty() {
+        let none = io_error(std::io::ErrorKind::Other, "no slot to ask".to_owned());
+        return Box::pin(std::future::ready(Err(none)));
+    }
     Box::pin(async move { futures_util::future::select_ok(pings).await.map(drop) })
 }
 
@@ -3543,13 +3576,14 @@ async fn reload_and_retry<C: AskAgain + Clone>(
     conn: &mut C,
     cmd: &redis::Cmd,
     scripts: &Scripts,
+    held: &[watch::Node],
 ) -> RedisResult<Vec<u8>> {
     match reload_and_retry_once(conn, cmd, scripts).await {
         Err(e) if is_noscript(&e) => {
             let Some(load) = scripts.load_cmd(cmd) else {
                 return Err(e);
             };
-            match conn.load_on_every_master(&load) {
+            match conn.load_on_every_master(&load, held) {
                 Some(loading) => loading.await?,
                 None => return Err(e),
             }

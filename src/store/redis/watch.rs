@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, Value};
 
@@ -19,12 +19,15 @@ const SLOTS: u16 = 16_384;
 /// The pause between two rounds of [`Watch`]'s task.
 const ROUND_EVERY: Duration = Duration::from_millis(250);
 
-/// How often the task reads the slots again while it runs: a held master's
-/// slots move to its replica when the Cluster promotes it.
-const MAP_EVERY: Duration = Duration::from_secs(1);
+/// How long a held master that no connection is open to is left before it
+/// is dialed again (a master that hangs leaves each connection in its
+/// queue).
+const DIAL_EVERY: Duration = Duration::from_secs(1);
 
-/// The most slots waiting to have their master asked.
-const MAX_SUSPECTS: usize = 64;
+/// How long after a held master's slots moved (the Cluster promoted its
+/// replica) the store replaces its Cluster client without first asking
+/// the kept one (see [`Watch::moved_lately`]).
+const MOVED_SPAN: Duration = Duration::from_secs(5);
 
 /// The least time a master is given to answer a `PING`: a master that is
 /// only slow is not held.
@@ -39,6 +42,10 @@ struct Map {
     nodes: Vec<Node>,
     /// By index in `nodes`: whether the master answers nothing.
     held: Vec<bool>,
+    /// By index in `nodes`: whether the round that made this map asked
+    /// the master, and when it was put in use.
+    asked: Vec<bool>,
+    at: Option<tokio::time::Instant>,
 }
 
 impl Map {
@@ -64,36 +71,62 @@ impl Map {
 ///
 /// redis-rs' Cluster client waits on a master that takes connections and
 /// answers nothing (a stopped process, a node behind a partition) whenever
-/// it refreshes its slots, and a client that holds no connection to it
-/// (one made while it hangs, or whose slots were refreshed meanwhile) is
-/// sent elsewhere by each check of its slots, and refreshes them: every
-/// master's checks then wait. So the store reads the slots itself
-/// (`CLUSTER SLOTS`) and asks each master a `PING`, on connections of its
-/// own: as it connects, and when a check fails, of that check's master.
-/// A master that does not answer is *held*: the checks of its slots fail
-/// at once (the fail mode applies), without reaching the client, until it
-/// answers again (asked every 250 ms) or its slots move to another master
-/// (read every second meanwhile).
+/// it connects to it, as when it refreshes its slots, and a client that
+/// holds no connection to it (one made while it hangs, or whose slots were
+/// refreshed meanwhile) is sent elsewhere by each check of its slots, and
+/// refreshes them: every master's checks then wait. So the store reads the
+/// slots itself (`CLUSTER SLOTS`) and asks the masters a `PING`, on
+/// connections of its own: every master as it connects, and every master
+/// again when a check fails. A master that answers nothing in time (its
+/// connection or its `PING` times out, or it refuses connections) is
+/// *held*: the checks of its slots fail at once (the fail mode applies),
+/// without reaching the client, until it answers again or its slots move
+/// to another master (the slots read and the held masters asked a round at
+/// a time, 250 ms apart).
 pub(super) struct Watch {
     /// The connection settings of the Cluster's first URL (its user,
     /// password and TLS), given each node's address.
     base: ConnectionInfo,
-    /// The nodes the store was given, asked for the slots when no master
-    /// known answers.
+    /// The nodes the store was given, asked for the slots when no node
+    /// the watch holds a connection to answers.
     seeds: Vec<Node>,
     map: ArcSwap<Map>,
     /// Whether any master is held: all a check reads while none is.
     any_held: AtomicBool,
-    /// Slots of failed checks, whose masters the task asks next.
-    suspects: Mutex<Vec<u16>>,
+    /// Whether a check failed since the last round took it: the next one
+    /// asks every master.
+    suspected: AtomicBool,
     /// Whether the task runs.
     running: AtomicBool,
+    /// How many rounds the task has finished (see [`verdict`](Self::verdict)).
+    rounds: tokio::sync::watch::Sender<u64>,
+    /// Whether a slot map refused (an ACL that denies `CLUSTER SLOTS`) was
+    /// logged.
+    told_unmapped: AtomicBool,
+    /// When a held master's slots last moved to another master, if they
+    /// did.
+    moved_at: ArcSwapOption<tokio::time::Instant>,
     connect_timeout: Duration,
     answer_timeout: Duration,
 }
 
-/// Connections of the watch's own, by node (kept while its task runs).
-type Conns = HashMap<Node, MultiplexedConnection>;
+/// The watch task's own: its connections, by node, and when it last
+/// tried to connect to each held master it holds none to.
+#[derive(Default)]
+struct Conns {
+    open: HashMap<Node, MultiplexedConnection>,
+    dialed: HashMap<Node, tokio::time::Instant>,
+}
+
+/// What asking a master found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Heard {
+    Answer,
+    Silence,
+    /// Nothing that tells (an error other than silence, or a timer that
+    /// fired late, the runtime stalled): the master is not held for it.
+    Unknown,
+}
 
 impl Watch {
     /// A watch of the Cluster reached with `base`'s settings at `seeds`,
@@ -113,17 +146,26 @@ impl Watch {
             seeds,
             map: ArcSwap::default(),
             any_held: AtomicBool::new(false),
-            suspects: Mutex::new(Vec::new()),
+            suspected: AtomicBool::new(false),
             running: AtomicBool::new(false),
+            rounds: tokio::sync::watch::Sender::new(0),
+            told_unmapped: AtomicBool::new(false),
+            moved_at: ArcSwapOption::empty(),
             connect_timeout,
             answer_timeout: timeout.saturating_mul(2).max(LEAST_ANSWER),
         }))
     }
 
+    /// Whether any master is held (one relaxed load).
+    #[inline]
+    pub(super) fn any_held(&self) -> bool {
+        self.any_held.load(Ordering::Relaxed)
+    }
+
     /// The held master that serves `key`'s slot, if it is held.
     #[inline]
     pub(super) fn holding(&self, key: &[u8]) -> Option<Node> {
-        if !self.any_held.load(Ordering::Relaxed) {
+        if !self.any_held() {
             return None;
         }
         self.held_at(key_slot(key))
@@ -131,7 +173,15 @@ impl Watch {
 
     /// Whether the master of `slot` is held.
     pub(super) fn holds_slot(&self, slot: u16) -> bool {
-        self.any_held.load(Ordering::Relaxed) && self.held_at(slot).is_some()
+        self.any_held() && self.held_at(slot).is_some()
+    }
+
+    /// The masters held now.
+    pub(super) fn held_nodes(&self) -> Vec<Node> {
+        match self.any_held() {
+            true => self.map.load().held_nodes().cloned().collect(),
+            false => Vec::new(),
+        }
     }
 
     #[cold]
@@ -144,29 +194,59 @@ impl Watch {
         }
     }
 
-    /// A check of `key` failed: its master is asked whether it answers.
+    /// A check failed: the masters are asked whether they answer.
     #[cold]
-    pub(super) fn suspect(self: &Arc<Self>, key: &[u8]) {
-        let slot = key_slot(key);
-        {
-            let mut suspects = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
-            if suspects.len() < MAX_SUSPECTS && !suspects.contains(&slot) {
-                suspects.push(slot);
+    pub(super) fn suspect(self: &Arc<Self>) {
+        self.suspected.store(true, Ordering::Release);
+        self.start();
+    }
+
+    /// Whether the master of `key`'s slot is held once a round that began
+    /// after this call has asked it (within twice a round's longest time):
+    /// for the store's reconnects, which must not ask the client of a
+    /// master that hangs before the watch has had its say.
+    pub(super) async fn verdict(self: &Arc<Self>, key: &[u8]) -> bool {
+        // (Told by the last round, if it asked that master a moment ago.)
+        let map = self.map.load_full();
+        if let (Some(at), Some(node)) = (map.at, map.node_of(key_slot(key))) {
+            if at.elapsed() <= ROUND_EVERY && map.asked.get(node) == Some(&true) {
+                return map.held.get(node) == Some(&true);
             }
         }
-        self.start();
+        let mut rounds = self.rounds.subscribe();
+        // (A round under way may have begun before this call: the next one
+        // after it asks the masters.)
+        let wanted = rounds.borrow_and_update().saturating_add(2);
+        self.suspect();
+        let round = ROUND_EVERY + self.connect_timeout + self.answer_timeout.saturating_mul(2);
+        let _ =
+            tokio::time::timeout(round.saturating_mul(2), rounds.wait_for(|&n| n >= wanted)).await;
+        self.holding(key).is_some()
+    }
+
+    /// Whether a held master's slots moved to another master (the Cluster
+    /// promoted its replica) in the last few seconds: the Cluster client
+    /// may still send their checks to it, as redis-rs learns of no
+    /// failover from a master that answers nothing, and is better replaced
+    /// at once than asked.
+    pub(super) fn moved_lately(&self) -> bool {
+        self.moved_at
+            .load()
+            .as_deref()
+            .is_some_and(|at| at.elapsed() < MOVED_SPAN)
     }
 
     /// Reads the slots and asks every master: called as the store
     /// connects, so that a master that hangs already is held before the
     /// first check of its slots.
     pub(super) async fn survey(self: &Arc<Self>) {
-        let mut conns = Conns::new();
+        let mut conns = Conns::default();
         let Some(mut map) = self.read_map(&mut conns, &Map::default()).await else {
             return;
         };
         let everyone: Vec<usize> = (0..map.nodes.len()).collect();
-        map.held = self.ask(&mut conns, &map.nodes, &everyone).await;
+        map.held = self.ask(&mut conns, &map, &everyone, &[]).await;
+        map.asked = vec![true; map.nodes.len()];
         if self.publish(map) {
             self.start();
         }
@@ -182,22 +262,25 @@ impl Watch {
             self.running.store(false, Ordering::Release);
             return;
         };
-        let weak = Arc::downgrade(self);
+        let guard = Running {
+            watch: Arc::downgrade(self),
+            done: false,
+        };
         runtime.spawn(async move {
-            let mut conns = Conns::new();
-            let mut map_read: Option<tokio::time::Instant> = None;
+            let mut conns = Conns::default();
             loop {
-                let Some(this) = weak.upgrade() else { return };
-                if !this.round(&mut conns, &mut map_read).await {
+                let Some(this) = guard.watch.upgrade() else {
+                    return;
+                };
+                let worked = this.round(&mut conns).await;
+                this.rounds.send_modify(|n| *n = n.wrapping_add(1));
+                if !worked {
                     this.running.store(false, Ordering::Release);
-                    // (A slot suspected after the round took them, before
+                    // (A check that failed after the round began, before
                     // the flag was cleared, would wait for no one.)
-                    let waiting = !this
-                        .suspects
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .is_empty();
+                    let waiting = this.suspected.load(Ordering::Acquire);
                     if !waiting || this.running.swap(true, Ordering::AcqRel) {
+                        guard.disarm();
                         return;
                     }
                 }
@@ -207,46 +290,43 @@ impl Watch {
         });
     }
 
-    /// One round: the suspected and held masters asked, the slots read
-    /// again when due. False when there was nothing to do.
-    async fn round(&self, conns: &mut Conns, map_read: &mut Option<tokio::time::Instant>) -> bool {
-        let suspects =
-            std::mem::take(&mut *self.suspects.lock().unwrap_or_else(PoisonError::into_inner));
+    /// One round: the slots read again (a held master's move to its
+    /// replica when the Cluster promotes it), and the masters asked (every
+    /// one when a check failed since the last round, else the held ones).
+    /// False when there was nothing to do.
+    async fn round(&self, conns: &mut Conns) -> bool {
+        let suspected = self.suspected.swap(false, Ordering::AcqRel);
         let old = self.map.load_full();
         let held: Vec<Node> = old.held_nodes().cloned().collect();
-        if suspects.is_empty() && held.is_empty() {
+        if !suspected && held.is_empty() {
             return false;
         }
-        let due = map_read.is_none_or(|at| at.elapsed() >= MAP_EVERY);
-        let mut map = match due {
-            true => match self.read_map(conns, &old).await {
-                Some(map) => {
-                    *map_read = Some(tokio::time::Instant::now());
-                    map
-                }
-                None => Map::clone(&old),
-            },
-            false => Map::clone(&old),
+        let mut map = match self.read_map(conns, &old).await {
+            Some(map) => map,
+            None => Map::clone(&old),
         };
-        let mut asked: Vec<usize> = suspects.iter().filter_map(|&s| map.node_of(s)).collect();
-        asked.extend(
-            map.nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, node)| held.contains(node))
-                .map(|(i, _)| i),
-        );
-        asked.sort_unstable();
-        asked.dedup();
-        map.held = self.ask(conns, &map.nodes, &asked).await;
+        // (Every master when a check failed: the one that hangs may not be
+        // the failed check's, as when a refresh of the client's slots
+        // waited on it and held every check back.)
+        let asked: Vec<usize> = (0..map.nodes.len())
+            .filter(|&i| suspected || map.nodes.get(i).is_some_and(|n| held.contains(n)))
+            .collect();
+        map.held = self.ask(conns, &map, &asked, &held).await;
+        map.asked = vec![false; map.nodes.len()];
+        for &i in &asked {
+            if let Some(a) = map.asked.get_mut(i) {
+                *a = true;
+            }
+        }
         self.publish(map);
         true
     }
 
     /// Puts `map` in use, saying which masters it holds and lets go of;
     /// whether it holds any.
-    fn publish(&self, map: Map) -> bool {
+    fn publish(&self, mut map: Map) -> bool {
         let old = self.map.load();
+        map.at = Some(tokio::time::Instant::now());
         for node in map.held_nodes() {
             if !old.held_nodes().any(|n| n == node) {
                 tracing::warn!(
@@ -256,13 +336,15 @@ impl Watch {
             }
         }
         for node in old.held_nodes() {
-            let still = map.held_nodes().any(|n| n == node);
-            let serves = map.nodes.contains(node);
-            if !still {
+            if !map.nodes.contains(node) {
+                self.moved_at
+                    .store(Some(Arc::new(tokio::time::Instant::now())));
+            }
+            if !map.held_nodes().any(|n| n == node) {
                 tracing::info!(
                     master = %format_args!("{}:{}", node.0, node.1),
                     "a held redis cluster master {}",
-                    if serves { "answers again" } else { "serves no slot any more" }
+                    if map.nodes.contains(node) { "answers again" } else { "serves no slot any more" }
                 );
             }
         }
@@ -272,59 +354,109 @@ impl Watch {
         any
     }
 
-    /// By index in `nodes`: whether each of `asked` answered nothing (a
-    /// `PING` on a connection of the watch's own, within its bounds);
-    /// false for those not asked.
-    async fn ask(&self, conns: &mut Conns, nodes: &[Node], asked: &[usize]) -> Vec<bool> {
+    /// By index in `map.nodes`: whether each of `asked` is held after
+    /// being asked a `PING` on a connection of the watch's own. A master
+    /// that was held (in `held`) stays so when nothing tells, and when it
+    /// was dialed less than a second ago and no connection to it is open
+    /// (a master that hangs leaves each connection in its queue); the
+    /// others are not held.
+    async fn ask(&self, conns: &mut Conns, map: &Map, asked: &[usize], held: &[Node]) -> Vec<bool> {
+        let now = tokio::time::Instant::now();
         let pings = asked.iter().filter_map(|&i| {
-            let node = nodes.get(i)?.clone();
-            let conn = conns.remove(&node);
+            let node = map.nodes.get(i)?.clone();
+            let was_held = held.contains(&node);
+            let conn = conns.open.remove(&node);
+            let recent = conns
+                .dialed
+                .get(&node)
+                .is_some_and(|at| now.duration_since(*at) < DIAL_EVERY);
+            if was_held && conn.is_none() && recent {
+                return None;
+            }
+            let dials = conn.is_none();
             Some(async move {
-                let (conn, answered) = self.ping(&node, conn).await;
-                (i, node, conn, answered)
+                let (conn, heard) = self.ping(&node, conn).await;
+                (i, node, conn, heard, dials)
             })
         });
         let answers = futures_util::future::join_all(pings).await;
-        let mut held = vec![false; nodes.len()];
-        for (i, node, conn, answered) in answers {
-            if let Some(conn) = conn {
-                conns.insert(node, conn);
+        let mut verdicts: Vec<bool> = map.nodes.iter().map(|n| held.contains(n)).collect();
+        for (i, node, conn, heard, dialed) in answers {
+            if dialed {
+                conns.dialed.insert(node.clone(), now);
             }
-            if let Some(h) = held.get_mut(i) {
-                *h = !answered;
+            if let Some(verdict) = verdicts.get_mut(i) {
+                *verdict = match heard {
+                    Heard::Answer => false,
+                    Heard::Silence => true,
+                    Heard::Unknown => *verdict,
+                };
+            }
+            if let Some(conn) = conn {
+                conns.open.insert(node, conn);
             }
         }
-        held
+        // (Not held: those not asked and not held before.)
+        verdicts
     }
 
-    /// Whether `node` answers a `PING` (on `conn`, or a new connection),
-    /// and the connection to keep. Any answer counts, an error too (a
-    /// master loading its data, a command refused): only silence and a
-    /// connection that fails hold a master.
+    /// What `node` answers a `PING` on `conn`, or on a new connection
+    /// when there is none or it broke, and the connection to keep. Any
+    /// answer counts, an error too (a master loading its data, a command
+    /// refused); silence is a timeout (of the connection or the `PING`)
+    /// or a connection refused.
     async fn ping(
         &self,
         node: &Node,
         conn: Option<MultiplexedConnection>,
-    ) -> (Option<MultiplexedConnection>, bool) {
-        let conn = match conn {
-            Some(conn) => Ok(conn),
-            None => self.connect(node).await,
-        };
-        let mut conn = match conn {
+    ) -> (Option<MultiplexedConnection>, Heard) {
+        if let Some(mut conn) = conn {
+            match self.ping_on(&mut conn).await {
+                // (A connection that broke is made again.)
+                Err(()) => {}
+                Ok(heard) => return (Some(conn), heard),
+            }
+        }
+        let started = tokio::time::Instant::now();
+        let mut conn = match self.connect(node).await {
             Ok(conn) => conn,
-            Err(e) => return (None, !silent(&e)),
+            Err(e) if e.is_connection_refusal() => return (None, Heard::Silence),
+            Err(e) if e.is_timeout() => {
+                return (None, self.timed_out(started, self.connect_timeout))
+            }
+            Err(_) => return (None, Heard::Unknown),
         };
+        match self.ping_on(&mut conn).await {
+            Ok(heard) => (Some(conn), heard),
+            Err(()) => (None, Heard::Unknown),
+        }
+    }
+
+    /// What a `PING` on `conn` hears; `Err` when the connection broke.
+    async fn ping_on(&self, conn: &mut MultiplexedConnection) -> Result<Heard, ()> {
         let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<Value>(&mut conn);
+        let started = tokio::time::Instant::now();
+        let ping = cmd.query_async::<Value>(conn);
         match tokio::time::timeout(self.answer_timeout, ping).await {
-            Ok(Ok(_)) => (Some(conn), true),
-            Ok(Err(e)) if !silent(&e) => (Some(conn), true),
-            // (Kept while it only waits: the next round's `PING` goes
-            // after this one, not on another connection the silent master
-            // leaves in its queue, one a round.)
-            Ok(Err(e)) if e.is_timeout() => (Some(conn), false),
-            Err(_) => (Some(conn), false),
-            Ok(Err(_)) => (None, false),
+            Ok(Ok(_)) => Ok(Heard::Answer),
+            Ok(Err(e)) if e.is_timeout() => Ok(self.timed_out(started, Duration::ZERO)),
+            Ok(Err(e)) if e.is_io_error() || e.is_connection_dropped() => Err(()),
+            Ok(Err(_)) => Ok(Heard::Answer),
+            // (Kept while it only waits: the next round's `PING` goes after
+            // this one, not on another connection left in the queue of the
+            // silent master.)
+            Err(_) => Ok(self.timed_out(started, Duration::ZERO)),
+        }
+    }
+
+    /// Silence, after a wait begun at `started` and bounded by `extra` and
+    /// the answer timeout, unless the timer fired late (the runtime
+    /// stalled, and the answer may be waiting unread).
+    fn timed_out(&self, started: tokio::time::Instant, extra: Duration) -> Heard {
+        let bound = extra + self.answer_timeout;
+        match started.elapsed() > bound + bound / 2 {
+            true => Heard::Unknown,
+            false => Heard::Silence,
         }
     }
 
@@ -363,22 +495,22 @@ impl Watch {
         })
     }
 
-    /// The slots as a master of `old` that answered, or else any of the
-    /// seeds (asked together, the first answer taken), says they are.
+    /// The slots as a node the watch holds a connection to (not a held
+    /// master of `old`), or else any of the seeds (asked together, the
+    /// first answer taken), says they are.
     async fn read_map(&self, conns: &mut Conns, old: &Map) -> Option<Map> {
-        let kept: Vec<Node> = old
-            .nodes
-            .iter()
-            .zip(old.held.iter().chain(std::iter::repeat(&false)))
-            .filter(|(node, held)| !**held && conns.contains_key(*node))
-            .map(|(node, _)| node.clone())
+        let kept: Vec<Node> = conns
+            .open
+            .keys()
+            .filter(|node| !old.held_nodes().any(|held| held == *node))
+            .cloned()
             .collect();
         for node in kept {
-            let Some(mut conn) = conns.remove(&node) else {
+            let Some(mut conn) = conns.open.remove(&node) else {
                 continue;
             };
             if let Some(map) = self.slots(&mut conn, &node).await {
-                conns.insert(node, conn);
+                conns.open.insert(node, conn);
                 return Some(map);
             }
         }
@@ -390,32 +522,66 @@ impl Watch {
             })
         });
         let ((node, conn, map), _) = futures_util::future::select_ok(asks).await.ok()?;
-        conns.insert(node, conn);
+        conns.open.insert(node, conn);
         Some(map)
     }
 
-    /// `CLUSTER SLOTS` on `conn` (to `node`), within the answer timeout.
+    /// `CLUSTER SLOTS` on `conn` (to `node`), within the answer timeout; a
+    /// refusal (an ACL's) is logged once: no master is held then.
     async fn slots(&self, conn: &mut MultiplexedConnection, node: &Node) -> Option<Map> {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let ask = cmd.query_async::<Value>(conn);
-        let answer = tokio::time::timeout(self.answer_timeout, ask)
-            .await
-            .ok()?
-            .ok()?;
-        parse_slots(answer, &node.0)
+        match tokio::time::timeout(self.answer_timeout, ask).await {
+            Ok(Ok(answer)) => parse_slots(answer, &node.0),
+            Ok(Err(e)) if e.kind() != redis::ErrorKind::Io && !e.is_timeout() => {
+                if !self.told_unmapped.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        "CLUSTER SLOTS refused on the store's own connection: a redis cluster master that answers nothing is not found, and may hold every master's checks back (allow the store's user `cluster|slots`)"
+                    );
+                }
+                None
+            }
+            _ => None,
+        }
     }
 }
 
-/// Whether an error says the node answered nothing: a timeout, or a
-/// connection refused, reset or dropped.
-fn silent(e: &RedisError) -> bool {
-    e.is_timeout() || e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped()
+/// Clears [`Watch::running`] and lets every held master go if the task
+/// ends other than by its own choice (its runtime shut down): holds kept
+/// with no task to lift them would fail their checks for good.
+struct Running {
+    watch: std::sync::Weak<Watch>,
+    /// Set when the task ends by its own choice.
+    done: bool,
 }
 
-/// The map a `CLUSTER SLOTS` answer gives: each entry is `[first, last,
-/// [host, port, id, ...], replicas ...]`; an empty host is the node asked
-/// (`asked`), and `?` an unknown one (its slots left out).
+impl Running {
+    fn disarm(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some(watch) = self.watch.upgrade() {
+            let mut map = Map::clone(&watch.map.load());
+            map.held.iter_mut().for_each(|h| *h = false);
+            watch.publish(map);
+            watch.running.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// The map a `CLUSTER SLOTS` answer gives (`None` for one that maps no
+/// slot: a node that has not joined yet): each entry is `[first, last,
+/// [host, port, id, ...], replicas ...]`; a host that is empty, null or a
+/// wildcard address is the node asked (`asked`), as redis-rs takes it, and
+/// `?` an unknown one (its slots left out).
 fn parse_slots(answer: Value, asked: &str) -> Option<Map> {
     let Value::Array(entries) = answer else {
         return None;
@@ -431,17 +597,20 @@ fn parse_slots(answer: Value, asked: &str) -> Option<Map> {
         };
         let mut master = master.into_iter();
         let host = match master.next() {
-            Some(Value::BulkString(host)) => String::from_utf8(host).ok()?,
+            Some(Value::BulkString(host)) => match String::from_utf8(host) {
+                Ok(host) => host,
+                Err(_) => continue,
+            },
             Some(Value::SimpleString(host)) => host,
+            Some(Value::Nil) => String::new(),
             _ => continue,
         };
         let Some(Value::Int(port)) = master.next() else {
             continue;
         };
-        let host = if host.is_empty() {
-            asked.to_owned()
-        } else {
-            host
+        let host = match host.as_str() {
+            "" | "0.0.0.0" | "::" => asked.to_owned(),
+            _ => host,
         };
         let (Ok(first), Ok(last), Ok(port)) = (
             u16::try_from(first),
@@ -463,8 +632,12 @@ fn parse_slots(answer: Value, asked: &str) -> Option<Map> {
         };
         map.ranges.push((first, last, index));
     }
+    if map.ranges.is_empty() {
+        return None;
+    }
     map.ranges.sort_unstable();
     map.held = vec![false; map.nodes.len()];
+    map.asked = vec![false; map.nodes.len()];
     Some(map)
 }
 
@@ -535,6 +708,11 @@ mod tests {
             entry(10923, 16383, node("10.0.0.2", 7001)),
             entry(16000, 16500, node("bad", 1)),
             entry(0, 1, node("?", 7009)),
+            entry(
+                2,
+                3,
+                Value::Array(vec![Value::BulkString(vec![0xff]), Value::Int(1)]),
+            ),
         ]);
         let map = parse_slots(answer, "seed").unwrap();
         assert_eq!(
