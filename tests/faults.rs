@@ -1263,6 +1263,61 @@ async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_othe
     until_decided(&app, &users).await;
 }
 
+/// The store's watch of a Cluster's masters works over TLS, with the
+/// store's certificates: a master that hangs is held (its slots read, and
+/// its silence heard), and let go once it answers a `PING` again on the
+/// watch's own TLS connection; meanwhile its checks fail, and after it they
+/// are decided.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_hung_cluster_master_is_held_and_let_go_over_tls() {
+    use support::redis_server::TlsFiles;
+    let files = TlsFiles::make();
+    let (server, tls_port) = RedisServer::start_tls_with(
+        &files,
+        false,
+        &["--cluster-enabled", "yes", "--tls-cluster", "yes"],
+    );
+    let server = RedisServer::cluster_of_one(server);
+    let store = RedisStore::builder()
+        .cluster([format!("rediss://127.0.0.1:{tls_port}")])
+        .tls_root_certificate(files.read("ca.crt"))
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    let rules = Rules::builder()
+        .add_route(Route::new("^/").rules([Rule::new().minute(2)]))
+        .build()
+        .unwrap();
+    let app = App::on_store_clock(rules, store.clone(), |l| {
+        l.fail_mode(FailMode::Closed).denial_cache(0)
+    });
+    let user = "tls-user".to_owned();
+    until_decided(&app, std::slice::from_ref(&user)).await;
+    assert!(store.held_masters().is_empty());
+    let stopped = Stopped::new(server.pid().unwrap());
+    let held = Instant::now();
+    while store.held_masters().is_empty() {
+        let reply = app.get("/x", &user).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(held.elapsed() < Duration::from_secs(10), "never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.held_masters(), [format!("127.0.0.1:{tls_port}")]);
+    assert_eq!(
+        app.get("/x", &user).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    drop(stopped);
+    let going = Instant::now();
+    while !store.held_masters().is_empty() {
+        assert!(going.elapsed() < Duration::from_secs(10), "never let go");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    until_decided(&app, &[user]).await;
+}
+
 /// Sets `cluster`'s node timeout to a minute, so that a stopped master is
 /// not found failing while a test runs (the other masters would then
 /// answer `CLUSTERDOWN`, 2 s on with the test clusters' timeout).

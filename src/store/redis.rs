@@ -2887,6 +2887,39 @@ impl RedisStore {
         Self::builder().url(url).build().await
     }
 
+    /// The masters of a Cluster that this store holds now, as `host:port`:
+    /// those that answer nothing, whose checks fail at once (the fail mode
+    /// applies) until they answer or their slots move (see
+    /// [`cluster`](RedisStoreBuilder::cluster)). Empty while every master
+    /// answers, and for a store on one server, Sentinel or a caller's
+    /// pool. For a readiness probe, a metric or a log.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), tower_ratelimit::StoreError> {
+    /// use tower_ratelimit::store::redis::RedisStore;
+    ///
+    /// let store = RedisStore::builder()
+    ///     .cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
+    ///     .build()
+    ///     .await?;
+    /// for master in store.held_masters() {
+    ///     eprintln!("redis cluster master {master} answers nothing");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn held_masters(&self) -> Vec<String> {
+        match &self.inner.backend {
+            Backend::Cluster(lazy) => lazy.watch.as_ref().map_or_else(Vec::new, |watch| {
+                watch
+                    .held_nodes()
+                    .into_iter()
+                    .map(|(host, port)| format!("{host}:{port}"))
+                    .collect()
+            }),
+            _ => Vec::new(),
+        }
+    }
+
     /// The Redis keys of a check: the user's state, the user's block marker,
     /// and the route-wide state (see the [key layout](self#key-layout)).
     pub fn keys(&self, check: &Check) -> [String; 3] {
