@@ -22,7 +22,7 @@ const ROUND_EVERY: Duration = Duration::from_millis(250);
 /// How long a held master that no connection is open to is left before it
 /// is dialed again (a master that hangs leaves each connection in its
 /// queue).
-const DIAL_EVERY: Duration = Duration::from_secs(1);
+const DIAL_EVERY: Duration = Duration::from_millis(500);
 
 /// How long after a held master's slots moved (the Cluster promoted its
 /// replica) the store replaces its Cluster client without first asking
@@ -357,7 +357,7 @@ impl Watch {
     /// By index in `map.nodes`: whether each of `asked` is held after
     /// being asked a `PING` on a connection of the watch's own. A master
     /// that was held (in `held`) stays so when nothing tells, and when it
-    /// was dialed less than a second ago and no connection to it is open
+    /// was dialed less than half a second ago and no connection to it is open
     /// (a master that hangs leaves each connection in its queue); the
     /// others are not held.
     async fn ask(&self, conns: &mut Conns, map: &Map, asked: &[usize], held: &[Node]) -> Vec<bool> {
