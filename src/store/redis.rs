@@ -2508,6 +2508,28 @@ fn refused_as_late(clock: &ServerClock) -> StoreError {
     )
 }
 
+/// The Cluster client of the store at `urls`, with its (connection,
+/// response) timeouts.
+fn cluster_client(
+    tls: &Tls,
+    urls: &[String],
+    (connect_timeout, response_timeout): (Duration, Duration),
+) -> Result<redis::cluster::ClusterClient, StoreError> {
+    tls.cluster(urls)?
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        .retries(2)
+        // (Its waits before trying a `TRYAGAIN`, `CLUSTERDOWN` or `LOADING`
+        // again: 1.28 s at least by default, beyond any check's deadline; a
+        // few milliseconds here, the store trying again within the
+        // deadline.)
+        .min_retry_wait(1)
+        .max_retry_wait(4)
+        .retry_wait_formula(2, 2)
+        .build()
+        .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))
+}
+
 /// The watch of the masters of the Cluster at `urls` (see [`Watch`]):
 /// its connections take the first URL's settings (user, password, TLS), as
 /// redis-rs' client's do.
@@ -2524,11 +2546,15 @@ fn cluster_watch(
     let base = tls.client(first)?.get_connection_info().clone();
     let seeds = urls
         .iter()
-        .filter_map(|url| url.as_str().into_connection_info().ok())
-        .filter_map(|info| match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port)
-            | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
-            _ => None,
+        .filter_map(|url| {
+            let info = url.as_str().into_connection_info().ok()?;
+            match info.addr() {
+                redis::ConnectionAddr::Tcp(host, port)
+                | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                    Some((url.clone(), (host.clone(), *port)))
+                }
+                _ => None,
+            }
         })
         .collect();
     Ok(Watch::new(base, seeds, connect_timeout, timeout))
@@ -4272,22 +4298,21 @@ impl RedisStoreBuilder {
                 )
             }
             Some(Target::Cluster(urls)) => {
-                let builder = tls.cluster(&urls)?;
-                let client = builder
-                    .connection_timeout(connect_timeout)
-                    .response_timeout(response_timeout)
-                    .retries(2)
-                    // (Its waits before trying a `TRYAGAIN`, `CLUSTERDOWN`
-                    // or `LOADING` again: 1.28 s at least by default,
-                    // beyond any check's deadline; a few milliseconds
-                    // here, the store trying again within the deadline.)
-                    .min_retry_wait(1)
-                    .max_retry_wait(4)
-                    .retry_wait_formula(2, 2)
-                    .build()
-                    .map_err(|e| config_error(format!("invalid redis cluster nodes: {e}")))?;
+                let timeouts = (connect_timeout, response_timeout);
+                let client = cluster_client(&tls, &urls, timeouts)?;
+                let watch = cluster_watch(&tls, &urls, connect_timeout, response_timeout)?;
+                let seeds = watch.clone();
                 let connect: Connect<ClusterConnection> = Box::new(move || {
-                    let client = client.clone();
+                    // (Without the seeds that answered nothing lately, when
+                    // others remain: a new client waits on every seed it is
+                    // given, as a hung master's promoted replica is followed.)
+                    let fewer = seeds.as_ref().and_then(|w| w.answering_seeds());
+                    let client = match fewer {
+                        Some(urls) => {
+                            cluster_client(&tls, &urls, timeouts).unwrap_or(client.clone())
+                        }
+                        None => client.clone(),
+                    };
                     Box::pin(async move {
                         tokio::time::timeout(
                             connect_timeout.saturating_mul(4),
@@ -4302,7 +4327,6 @@ impl RedisStoreBuilder {
                         })
                     })
                 });
-                let watch = cluster_watch(&tls, &urls, connect_timeout, response_timeout)?;
                 Backend::Cluster(
                     Lazy::launch(connect, cluster, &common, None, watch, "redis cluster").await?,
                 )

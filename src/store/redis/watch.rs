@@ -87,9 +87,13 @@ pub(super) struct Watch {
     /// The connection settings of the Cluster's first URL (its user,
     /// password and TLS), given each node's address.
     base: ConnectionInfo,
-    /// The nodes the store was given, asked for the slots when no node
-    /// the watch holds a connection to answers.
-    seeds: Vec<Node>,
+    /// The nodes the store was given (their URLs, and the nodes they
+    /// name), asked for the slots when no node the watch holds a connection
+    /// to answers.
+    seeds: Vec<(String, Node)>,
+    /// The masters held in the last few seconds, and when they last were
+    /// (see [`answering_seeds`](Self::answering_seeds)).
+    lately_held: ArcSwap<Vec<(Node, tokio::time::Instant)>>,
     map: ArcSwap<Map>,
     /// Whether any master is held: all a check reads while none is.
     any_held: AtomicBool,
@@ -134,7 +138,7 @@ impl Watch {
     /// store's response timeout.
     pub(super) fn new(
         base: ConnectionInfo,
-        seeds: Vec<Node>,
+        seeds: Vec<(String, Node)>,
         connect_timeout: Duration,
         timeout: Duration,
     ) -> Option<Arc<Self>> {
@@ -144,6 +148,7 @@ impl Watch {
         Some(Arc::new(Self {
             base,
             seeds,
+            lately_held: ArcSwap::default(),
             map: ArcSwap::default(),
             any_held: AtomicBool::new(false),
             suspected: AtomicBool::new(false),
@@ -234,6 +239,27 @@ impl Watch {
             .load()
             .as_deref()
             .is_some_and(|at| at.elapsed() < MOVED_SPAN)
+    }
+
+    /// The URLs of the seeds that were no held master in the last few
+    /// seconds, when some were and others remain (`None` otherwise): a new
+    /// Cluster client connects to every seed it is given, and waits on one
+    /// that hangs for its connection timeout, as the store replaces its
+    /// client to follow a hung master's promoted replica.
+    pub(super) fn answering_seeds(&self) -> Option<Vec<String>> {
+        let lately = self.lately_held.load();
+        let recent = |node: &Node| {
+            lately
+                .iter()
+                .any(|(n, at)| n == node && at.elapsed() < MOVED_SPAN)
+        };
+        let answering: Vec<String> = self
+            .seeds
+            .iter()
+            .filter(|(_, node)| !recent(node))
+            .map(|(url, _)| url.clone())
+            .collect();
+        (!answering.is_empty() && answering.len() < self.seeds.len()).then_some(answering)
     }
 
     /// Reads the slots and asks every master: called as the store
@@ -349,6 +375,19 @@ impl Watch {
             }
         }
         let any = map.held.iter().any(|&h| h);
+        let now = tokio::time::Instant::now();
+        let lately = self.lately_held.load();
+        if any || !lately.is_empty() {
+            let mut still: Vec<(Node, tokio::time::Instant)> = lately
+                .iter()
+                .filter(|(node, at)| {
+                    at.elapsed() < MOVED_SPAN && !map.held_nodes().any(|n| n == node)
+                })
+                .cloned()
+                .collect();
+            still.extend(map.held_nodes().map(|n| (n.clone(), now)));
+            self.lately_held.store(Arc::new(still));
+        }
         self.map.store(Arc::new(map));
         self.any_held.store(any, Ordering::Relaxed);
         any
@@ -514,7 +553,7 @@ impl Watch {
                 return Some(map);
             }
         }
-        let asks = self.seeds.iter().map(|node| {
+        let asks = self.seeds.iter().map(|(_, node)| {
             Box::pin(async move {
                 let mut conn = self.connect(node).await.map_err(drop)?;
                 let map = self.slots(&mut conn, node).await.ok_or(())?;
