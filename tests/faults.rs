@@ -102,7 +102,15 @@ async fn app_with(
     mode: FailMode,
     batched: bool,
 ) -> App {
-    let store = store.timeout(DEADLINE).build().await.unwrap();
+    app_on_store(
+        store.timeout(DEADLINE).build().await.unwrap(),
+        mode,
+        batched,
+    )
+}
+
+/// [`app_with`] on a store built already.
+fn app_on_store(store: RedisStore, mode: FailMode, batched: bool) -> App {
     let route = if batched {
         Route::new("^/").rules([Rule::new().minute(2).algorithm(Algorithm::TokenBucket)])
     } else {
@@ -1184,12 +1192,18 @@ async fn a_store_made_while_a_cluster_master_hangs_decides_on_the_others() {
     let stalled = masters[0];
     let stopped = Stopped::new(cluster.nodes[stalled].pid().unwrap());
     let paused = Instant::now();
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Closed,
-        true,
-    )
-    .await;
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    // (Held as the store connected.)
+    assert_eq!(
+        store.held_masters(),
+        [format!("127.0.0.1:{}", cluster.nodes[stalled].port)]
+    );
+    let app = app_on_store(store.clone(), FailMode::Closed, true);
     for _ in 0..5 {
         decided_around_a_stalled_master(&app, &users, &masters, stalled).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1200,6 +1214,7 @@ async fn a_store_made_while_a_cluster_master_hangs_decides_on_the_others() {
     );
     drop(stopped);
     until_decided(&app, &users).await;
+    assert!(store.held_masters().is_empty());
 }
 
 /// A store whose client refreshes its slots while a master hangs (another
@@ -1214,12 +1229,13 @@ async fn a_store_made_while_a_cluster_master_hangs_decides_on_the_others() {
 async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_others() {
     let cluster = support::redis_server::RedisCluster::start_with_replicas();
     no_failover(&cluster);
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Closed,
-        true,
-    )
-    .await;
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    let app = app_on_store(store.clone(), FailMode::Closed, true);
     let (users, masters) = decided_spread(&cluster, &app).await;
     let hung = masters[0];
     let (moved, mover) = users
@@ -1235,10 +1251,20 @@ async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_othe
     let (_, replica) = cluster.master_and_replica(slot);
     let replica = replica.expect("every master has a replica");
     let stopped = Stopped::new(cluster.nodes[hung].pid().unwrap());
-    // (The hung master's first check fails, and the watch asks the masters.)
+    // (The hung master's checks fail, and the watch, asking the masters,
+    // holds it.)
+    let holding = Instant::now();
+    while store.held_masters().is_empty() {
+        assert_eq!(
+            app.get("/x", &users[0]).await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert!(holding.elapsed() < Duration::from_secs(10), "never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(
-        app.get("/x", &users[0]).await.status,
-        StatusCode::SERVICE_UNAVAILABLE
+        store.held_masters(),
+        [format!("127.0.0.1:{}", cluster.nodes[hung].port)]
     );
     assert_eq!(
         cluster.nodes[replica].cli(&["cluster", "failover", "takeover"]),
@@ -1251,16 +1277,13 @@ async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_othe
         .map(|(u, _)| u.clone())
         .collect();
     until_decided(&app, &others).await;
-    let masters: Vec<usize> = masters
-        .iter()
-        .map(|&m| if m == *mover { replica } else { m })
-        .collect();
     for _ in 0..5 {
         decided_around_a_stalled_master(&app, &users, &masters, hung).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(stopped);
     until_decided(&app, &users).await;
+    assert!(store.held_masters().is_empty());
 }
 
 /// The store's watch of a Cluster's masters works over TLS, with the

@@ -2164,7 +2164,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     // every two seconds (a new client is a connection to
                     // every node).
                     if this.get().is_some()
-                        && (this.failed_key_held().await
+                        && (!this.replacement_may_be_due()
+                            || this.failed_key_held().await
                             || !this.replacement_due()
                             || (!this.moved_lately() && this.kept_reaches_failed_key().await))
                     {
@@ -2264,6 +2265,13 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             (Some(mut conn), Some(key)) => self.reaches(&mut conn, &key).await,
             _ => true,
         }
+    }
+
+    /// Whether a new Cluster client may be made beside the kept one now
+    /// (see [`replacement_due`](Self::replacement_due), which takes the
+    /// turn).
+    fn replacement_may_be_due(&self) -> bool {
+        self.micros(tokio::time::Instant::now()) >= self.next_replacement.load(Ordering::Relaxed)
     }
 
     /// Whether a new Cluster client may be made beside the kept one now,
@@ -2566,8 +2574,8 @@ fn held(node: &watch::Node) -> StoreError {
     StoreError::new(
         StoreErrorKind::Unavailable,
         format!(
-            "the redis cluster master of this check's slot ({}:{}) answers nothing; its checks fail at once until it does",
-            node.0, node.1
+            "the redis cluster master of this check's slot ({}) answers nothing; its checks fail at once until it does",
+            watch::name(node)
         ),
     )
 }
@@ -2918,7 +2926,10 @@ impl RedisStore {
     /// applies) until they answer or their slots move (see
     /// [`cluster`](RedisStoreBuilder::cluster)). Empty while every master
     /// answers, and for a store on one server, Sentinel or a caller's
-    /// pool. For a readiness probe, a metric or a log.
+    /// pool; empty too while the store cannot read the Cluster's slots
+    /// on connections of its own (no node reached yet, or a user whose ACL
+    /// denies `CLUSTER SLOTS`, which is logged once). For a readiness
+    /// probe, a metric or a log.
     ///
     /// ```no_run
     /// # async fn f() -> Result<(), tower_ratelimit::StoreError> {
@@ -2939,7 +2950,7 @@ impl RedisStore {
                 watch
                     .held_nodes()
                     .into_iter()
-                    .map(|(host, port)| format!("{host}:{port}"))
+                    .map(|node| watch::name(&node))
                     .collect()
             }),
             _ => Vec::new(),
@@ -3496,22 +3507,20 @@ impl AskAgain for ClusterConnection {
             // connection to it, and redis-rs answers a command sent by
             // address to such a node by reconnecting from its initial
             // nodes, which would wait on it.)
-            let loads = cluster_masters(&nodes)
-                .filter(|(host, port)| !held.iter().any(|(h, p)| h == host && p == port))
-                .map(|(host, port)| {
-                    let mut conn = self.clone();
-                    let node = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
-                        host: host.to_owned(),
-                        port,
-                    };
-                    async move {
-                        conn.route_command(
-                            load.clone(),
-                            redis::cluster_routing::RoutingInfo::SingleNode(node),
-                        )
-                        .await
-                    }
-                });
+            let loads = cluster_masters(&nodes, held).map(|(host, port)| {
+                let mut conn = self.clone();
+                let node = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_owned(),
+                    port,
+                };
+                async move {
+                    conn.route_command(
+                        load.clone(),
+                        redis::cluster_routing::RoutingInfo::SingleNode(node),
+                    )
+                    .await
+                }
+            });
             // (A node the client holds no connection to is not reached by
             // address; the one that answered `NOSCRIPT` after an `ASK` is.
             // Loaded if any load succeeded.)
@@ -3527,11 +3536,22 @@ impl AskAgain for ClusterConnection {
 /// The masters of a `CLUSTER NODES` answer that may be reached, by
 /// (host, port): each line is `id ip:port@bus[,hostname] flags master
 /// ...`; a master named by a hostname too is listed under both names (a
-/// Cluster set to announce hostnames is known to the client by them).
-fn cluster_masters(nodes: &str) -> impl Iterator<Item = (&str, u16)> {
+/// Cluster set to announce hostnames is known to the client by them); one
+/// that `held` names under either is left out.
+fn cluster_masters<'a>(
+    nodes: &'a str,
+    held: &'a [watch::Node],
+) -> impl Iterator<Item = (&'a str, u16)> + 'a {
     nodes
         .lines()
         .filter_map(master_names)
+        .map(Iterator::collect::<Vec<_>>)
+        // (A held master is left out under every name it has.)
+        .filter(move |names| {
+            !names
+                .iter()
+                .any(|(host, port)| held.iter().any(|(h, p)| h == host && p == port))
+        })
         .flatten()
         .filter(|(host, port)| !host.is_empty() && *port != 0)
 }
@@ -4658,7 +4678,7 @@ h8 127.0.0.1:7008@17008 master,fail? - 0 1 6 connected
 i9 :7009@17009 master - 0 1 7 connected
 bad
 ";
-        let masters: Vec<_> = cluster_masters(nodes).collect();
+        let masters: Vec<_> = cluster_masters(nodes, &[]).collect();
         assert_eq!(
             masters,
             [
@@ -4669,5 +4689,12 @@ bad
                 ("::1", 7007)
             ]
         );
+        // (A held master is left out under both its names.)
+        let held = [
+            ("node-b.example".to_owned(), 7002),
+            ("::1".to_owned(), 7007),
+        ];
+        let masters: Vec<_> = cluster_masters(nodes, &held).collect();
+        assert_eq!(masters, [("127.0.0.1", 7001), ("127.0.0.1", 7004)]);
     }
 }

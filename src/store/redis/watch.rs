@@ -120,7 +120,15 @@ pub(super) struct Watch {
 struct Conns {
     open: HashMap<Node, MultiplexedConnection>,
     dialed: HashMap<Node, tokio::time::Instant>,
+    /// `PING`s in a row left unanswered on the open connection to a node:
+    /// at [`SILENT_PINGS`] it is dropped and made again (a connection a
+    /// partition or a forgetful NAT left dead stays silent for good, however
+    /// the master fares).
+    silent: HashMap<Node, u32>,
 }
+
+/// See [`Conns::silent`].
+const SILENT_PINGS: u32 = 2;
 
 /// What asking a master found.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -202,8 +210,12 @@ impl Watch {
     /// A check failed: the masters are asked whether they answer.
     #[cold]
     pub(super) fn suspect(self: &Arc<Self>) {
-        self.suspected.store(true, Ordering::Release);
-        self.start();
+        // (Sequentially consistent with the task's clearing of `running`
+        // and its look at this flag: one of the two sees the other.)
+        self.suspected.store(true, Ordering::SeqCst);
+        if !self.running.load(Ordering::SeqCst) {
+            self.start();
+        }
     }
 
     /// Whether the master of `key`'s slot is held once a round that began
@@ -223,7 +235,10 @@ impl Watch {
         // after it asks the masters.)
         let wanted = rounds.borrow_and_update().saturating_add(2);
         self.suspect();
-        let round = ROUND_EVERY + self.connect_timeout + self.answer_timeout.saturating_mul(2);
+        // (A round's longest: the slots read on the kept connections one
+        // by one, then on new ones, and the masters asked on new ones.)
+        let dial = self.connect_timeout + self.answer_timeout;
+        let round = ROUND_EVERY + dial.saturating_mul(3);
         let _ =
             tokio::time::timeout(round.saturating_mul(2), rounds.wait_for(|&n| n >= wanted)).await;
         self.holding(key).is_some()
@@ -281,7 +296,7 @@ impl Watch {
     /// Starts the task, unless it runs: rounds every [`ROUND_EVERY`] while
     /// a master is held or suspected; it ends with the store.
     fn start(self: &Arc<Self>) {
-        if self.running.swap(true, Ordering::AcqRel) {
+        if self.running.swap(true, Ordering::SeqCst) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -301,11 +316,11 @@ impl Watch {
                 let worked = this.round(&mut conns).await;
                 this.rounds.send_modify(|n| *n = n.wrapping_add(1));
                 if !worked {
-                    this.running.store(false, Ordering::Release);
+                    this.running.store(false, Ordering::SeqCst);
                     // (A check that failed after the round began, before
                     // the flag was cleared, would wait for no one.)
-                    let waiting = this.suspected.load(Ordering::Acquire);
-                    if !waiting || this.running.swap(true, Ordering::AcqRel) {
+                    let waiting = this.suspected.load(Ordering::SeqCst);
+                    if !waiting || this.running.swap(true, Ordering::SeqCst) {
                         guard.disarm();
                         return;
                     }
@@ -321,7 +336,7 @@ impl Watch {
     /// one when a check failed since the last round, else the held ones).
     /// False when there was nothing to do.
     async fn round(&self, conns: &mut Conns) -> bool {
-        let suspected = self.suspected.swap(false, Ordering::AcqRel);
+        let suspected = self.suspected.swap(false, Ordering::SeqCst);
         let old = self.map.load_full();
         let held: Vec<Node> = old.held_nodes().cloned().collect();
         if !suspected && held.is_empty() {
@@ -356,7 +371,7 @@ impl Watch {
         for node in map.held_nodes() {
             if !old.held_nodes().any(|n| n == node) {
                 tracing::warn!(
-                    master = %format_args!("{}:{}", node.0, node.1),
+                    master = %name(node),
                     "a redis cluster master answers nothing: the checks of its slots fail at once (the fail mode applies) until it answers or its slots move"
                 );
             }
@@ -368,7 +383,7 @@ impl Watch {
             }
             if !map.held_nodes().any(|n| n == node) {
                 tracing::info!(
-                    master = %format_args!("{}:{}", node.0, node.1),
+                    master = %name(node),
                     "a held redis cluster master {}",
                     if map.nodes.contains(node) { "answers again" } else { "serves no slot any more" }
                 );
@@ -431,7 +446,19 @@ impl Watch {
                     Heard::Unknown => *verdict,
                 };
             }
-            if let Some(conn) = conn {
+            let silences = match heard {
+                Heard::Silence => {
+                    let n = conns.silent.entry(node.clone()).or_default();
+                    *n += 1;
+                    *n
+                }
+                _ => conns.silent.remove(&node).map_or(0, |_| 0),
+            };
+            let dead = silences >= SILENT_PINGS;
+            if dead {
+                conns.silent.remove(&node);
+            }
+            if let Some(conn) = conn.filter(|_| !dead) {
                 conns.open.insert(node, conn);
             }
         }
@@ -553,7 +580,15 @@ impl Watch {
                 return Some(map);
             }
         }
-        let asks = self.seeds.iter().map(|(_, node)| {
+        // (The seeds, and the masters last known that are not held: the
+        // seeds may be gone since.)
+        let mut candidates: Vec<&Node> = self.seeds.iter().map(|(_, node)| node).collect();
+        for (node, held) in old.nodes.iter().zip(&old.held) {
+            if !held && !candidates.contains(&node) {
+                candidates.push(node);
+            }
+        }
+        let asks = candidates.into_iter().map(|node| {
             Box::pin(async move {
                 let mut conn = self.connect(node).await.map_err(drop)?;
                 let map = self.slots(&mut conn, node).await.ok_or(())?;
@@ -565,8 +600,9 @@ impl Watch {
         Some(map)
     }
 
-    /// `CLUSTER SLOTS` on `conn` (to `node`), within the answer timeout; a
-    /// refusal (an ACL's) is logged once: no master is held then.
+    /// `CLUSTER SLOTS` on `conn` (to `node`), within the answer timeout; an
+    /// error answered (an ACL's refusal) is logged once: no master is held
+    /// while no map is read.
     async fn slots(&self, conn: &mut MultiplexedConnection, node: &Node) -> Option<Map> {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
@@ -577,7 +613,7 @@ impl Watch {
                 if !self.told_unmapped.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         error = %e,
-                        "CLUSTER SLOTS refused on the store's own connection: a redis cluster master that answers nothing is not found, and may hold every master's checks back (allow the store's user `cluster|slots`)"
+                        "CLUSTER SLOTS answered with an error on the store's own connection: a redis cluster master that answers nothing is not found, and may hold every master's checks back (an ACL that denies it? allow the store's user `cluster|slots`)"
                     );
                 }
                 None
@@ -610,8 +646,9 @@ impl Drop for Running {
         if let Some(watch) = self.watch.upgrade() {
             let mut map = Map::clone(&watch.map.load());
             map.held.iter_mut().for_each(|h| *h = false);
-            watch.publish(map);
-            watch.running.store(false, Ordering::Release);
+            watch.any_held.store(false, Ordering::Relaxed);
+            watch.map.store(Arc::new(map));
+            watch.running.store(false, Ordering::SeqCst);
         }
     }
 }
@@ -680,6 +717,14 @@ fn parse_slots(answer: Value, asked: &str) -> Option<Map> {
     Some(map)
 }
 
+/// `host:port`, or `[host]:port` for an IPv6 address.
+pub(super) fn name((host, port): &Node) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
 /// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the bytes
 /// between its first `{` and the next `}`, when there are some), or of the
 /// whole key, modulo 16,384.
@@ -713,6 +758,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn nodes_are_named_as_addresses() {
+        assert_eq!(name(&("10.0.0.1".to_owned(), 7000)), "10.0.0.1:7000");
+        assert_eq!(name(&("::1".to_owned(), 7000)), "[::1]:7000");
+        assert_eq!(
+            name(&("node-a.example".to_owned(), 7000)),
+            "node-a.example:7000"
+        );
+    }
+
+    #[test]
     fn slots_are_redis_clusters() {
         // (`CLUSTER KEYSLOT` on Redis 7.)
         assert_eq!(key_slot(b"foo"), 12_182);
@@ -722,6 +777,44 @@ mod tests {
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
         assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
         assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn a_held_master_is_left_out_of_new_clients_seeds_until_well_after_it_moved() {
+        use redis::IntoConnectionInfo;
+        let node = |port: u16| ("127.0.0.1".to_owned(), port);
+        let url = |port: u16| format!("redis://127.0.0.1:{port}");
+        let base = url(7000).as_str().into_connection_info().unwrap();
+        let seeds = vec![(url(7000), node(7000)), (url(7001), node(7001))];
+        let watch = Watch::new(base, seeds, Duration::from_millis(500), Duration::ZERO).unwrap();
+        // (Two masters, of the lower and upper half of the slots.)
+        let map = |nodes: Vec<Node>, held: Vec<bool>| Map {
+            ranges: vec![(0, 8191, 0), (8192, 16383, 1)],
+            asked: vec![true; nodes.len()],
+            nodes,
+            held,
+            at: None,
+        };
+        let lower = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| key_slot(k.as_bytes()) < 8192)
+            .unwrap();
+        assert_eq!(watch.answering_seeds(), None);
+        assert_eq!(watch.holding(lower.as_bytes()), None);
+
+        assert!(watch.publish(map(vec![node(7000), node(7001)], vec![true, false])));
+        assert_eq!(watch.held_nodes(), [node(7000)]);
+        assert_eq!(watch.holding(lower.as_bytes()), Some(node(7000)));
+        assert_eq!(watch.holding(b"foo"), None);
+        assert_eq!(watch.answering_seeds(), Some(vec![url(7001)]));
+        assert!(!watch.moved_lately());
+
+        // (Its replica, 7002, promoted: its slots moved.)
+        assert!(!watch.publish(map(vec![node(7002), node(7001)], vec![false, false])));
+        assert!(watch.held_nodes().is_empty());
+        assert_eq!(watch.holding(lower.as_bytes()), None);
+        assert!(watch.moved_lately());
+        assert_eq!(watch.answering_seeds(), Some(vec![url(7001)]));
     }
 
     #[test]
