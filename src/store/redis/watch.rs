@@ -353,6 +353,13 @@ impl Watch {
             .filter(|&i| suspected || map.nodes.get(i).is_some_and(|n| held.contains(n)))
             .collect();
         map.held = self.ask(conns, &map, &asked, &held).await;
+        // (A held master whose slots moved is asked no more: its
+        // connection, which may be silent, is not asked for slots either.)
+        for node in held.iter().filter(|n| !map.nodes.contains(n)) {
+            conns.open.remove(node);
+            conns.silent.remove(node);
+            conns.dialed.remove(node);
+        }
         map.asked = vec![false; map.nodes.len()];
         for &i in &asked {
             if let Some(a) = map.asked.get_mut(i) {
@@ -427,10 +434,9 @@ impl Watch {
             if was_held && conn.is_none() && recent {
                 return None;
             }
-            let dials = conn.is_none();
             Some(async move {
-                let (conn, heard) = self.ping(&node, conn).await;
-                (i, node, conn, heard, dials)
+                let (conn, heard, dialed) = self.ping(&node, conn, !was_held).await;
+                (i, node, conn, heard, dialed)
             })
         });
         let answers = futures_util::future::join_all(pings).await;
@@ -467,7 +473,8 @@ impl Watch {
     }
 
     /// What `node` answers a `PING` on `conn`, or on a new connection
-    /// when there is none or it broke, and the connection to keep. Any
+    /// when there is none, it broke, or it is silent to a master that was
+    /// `answering`; the connection to keep, and whether one was dialed. Any
     /// answer counts, an error too (a master loading its data, a command
     /// refused); silence is a timeout (of the connection or the `PING`)
     /// or a connection refused.
@@ -475,14 +482,25 @@ impl Watch {
         &self,
         node: &Node,
         conn: Option<MultiplexedConnection>,
-    ) -> (Option<MultiplexedConnection>, Heard) {
+        answering: bool,
+    ) -> (Option<MultiplexedConnection>, Heard, bool) {
         if let Some(mut conn) = conn {
             match self.ping_on(&mut conn).await {
-                // (A connection that broke is made again.)
+                // (A connection that broke is made again; so is one silent
+                // to a master that answered until now, before it is held:
+                // a connection a firewall dropped without a word stays
+                // silent, whatever the master does.)
                 Err(()) => {}
-                Ok(heard) => return (Some(conn), heard),
+                Ok(Heard::Silence) if answering => {}
+                Ok(heard) => return (Some(conn), heard, false),
             }
         }
+        let (conn, heard) = self.dial_and_ping(node).await;
+        (conn, heard, true)
+    }
+
+    /// [`ping`](Self::ping) on a new connection.
+    async fn dial_and_ping(&self, node: &Node) -> (Option<MultiplexedConnection>, Heard) {
         let started = tokio::time::Instant::now();
         let mut conn = match self.connect(node).await {
             Ok(conn) => conn,
