@@ -1128,13 +1128,7 @@ async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
     )
     .await;
     let (users, masters) = decided_spread(&cluster, &app).await;
-    let key = cluster.nodes[masters[0]].cli(&["--scan", "--pattern", "*spread0x*"]);
-    let slot: u16 = cluster.nodes[0]
-        .cli(&["cluster", "keyslot", &key])
-        .parse()
-        .unwrap();
-    let (master, replica) = cluster.master_and_replica(slot);
-    let replica = replica.expect("every master has a replica");
+    let (master, replica) = master_and_replica_of(&cluster, &users[0], masters[0]);
     // (The others on masters that answer.)
     let others: Vec<&String> = users
         .iter()
@@ -1243,25 +1237,11 @@ async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_othe
         .zip(&masters)
         .find(|(_, &m)| m != hung)
         .unwrap();
-    let key = cluster.nodes[*mover].cli(&["--scan", "--pattern", &format!("*{moved}*")]);
-    let slot: u16 = cluster.nodes[*mover]
-        .cli(&["cluster", "keyslot", &key])
-        .parse()
-        .unwrap();
-    let (_, replica) = cluster.master_and_replica(slot);
-    let replica = replica.expect("every master has a replica");
+    let (_, replica) = master_and_replica_of(&cluster, moved, *mover);
     let stopped = Stopped::new(cluster.nodes[hung].pid().unwrap());
     // (The hung master's checks fail, and the watch, asking the masters,
     // holds it.)
-    let holding = Instant::now();
-    while store.held_masters().is_empty() {
-        assert_eq!(
-            app.get("/x", &users[0]).await.status,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert!(holding.elapsed() < Duration::from_secs(10), "never held");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    failing_until_held(&app, &store, &users[0]).await;
     assert_eq!(
         store.held_masters(),
         [format!("127.0.0.1:{}", cluster.nodes[hung].port)]
@@ -1296,12 +1276,7 @@ async fn a_cluster_refreshing_its_slots_while_a_master_hangs_decides_on_the_othe
 async fn a_hung_cluster_master_is_held_and_let_go_over_tls() {
     use support::redis_server::TlsFiles;
     let files = TlsFiles::make();
-    let (server, tls_port) = RedisServer::start_tls_with(
-        &files,
-        false,
-        &["--cluster-enabled", "yes", "--tls-cluster", "yes"],
-    );
-    let server = RedisServer::cluster_of_one(server);
+    let (server, tls_port) = RedisServer::start_tls_cluster_of_one(&files);
     let store = RedisStore::builder()
         .cluster([format!("rediss://127.0.0.1:{tls_port}")])
         .tls_root_certificate(files.read("ca.crt"))
@@ -1320,13 +1295,7 @@ async fn a_hung_cluster_master_is_held_and_let_go_over_tls() {
     until_decided(&app, std::slice::from_ref(&user)).await;
     assert!(store.held_masters().is_empty());
     let stopped = Stopped::new(server.pid().unwrap());
-    let held = Instant::now();
-    while store.held_masters().is_empty() {
-        let reply = app.get("/x", &user).await;
-        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(held.elapsed() < Duration::from_secs(10), "never held");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    failing_until_held(&app, &store, &user).await;
     assert_eq!(store.held_masters(), [format!("127.0.0.1:{tls_port}")]);
     assert_eq!(
         app.get("/x", &user).await.status,
@@ -1339,6 +1308,36 @@ async fn a_hung_cluster_master_is_held_and_let_go_over_tls() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     until_decided(&app, &[user]).await;
+}
+
+/// The master (by index in `cluster`) of `user`'s budget, on `master`,
+/// and its replica.
+fn master_and_replica_of(
+    cluster: &support::redis_server::RedisCluster,
+    user: &str,
+    master: usize,
+) -> (usize, usize) {
+    let key = cluster.nodes[master].cli(&["--scan", "--pattern", &format!("*{user}*")]);
+    let slot: u16 = cluster.nodes[master]
+        .cli(&["cluster", "keyslot", &key])
+        .parse()
+        .unwrap();
+    let (master, replica) = cluster.master_and_replica(slot);
+    (master, replica.expect("every master has a replica"))
+}
+
+/// Sends `user`'s requests, each failing (closed), until `store`'s watch
+/// holds a master (within 10 s).
+async fn failing_until_held(app: &App, store: &RedisStore, user: &str) {
+    let started = Instant::now();
+    while store.held_masters().is_empty() {
+        assert_eq!(
+            app.get("/x", user).await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Sets `cluster`'s node timeout to a minute, so that a stopped master is

@@ -2691,12 +2691,7 @@ async fn a_store_over_tls_decides_and_verifies_the_server() {
 async fn a_cluster_store_over_tls_decides() {
     use support::redis_server::TlsFiles;
     let files = TlsFiles::make();
-    let (server, tls_port) = RedisServer::start_tls_with(
-        &files,
-        false,
-        &["--cluster-enabled", "yes", "--tls-cluster", "yes"],
-    );
-    let _server = RedisServer::cluster_of_one(server);
+    let (_server, tls_port) = RedisServer::start_tls_cluster_of_one(&files);
     let store = RedisStore::builder()
         .cluster([format!("rediss://127.0.0.1:{tls_port}")])
         .tls_root_certificate(files.read("ca.crt"))

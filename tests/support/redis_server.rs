@@ -622,6 +622,19 @@ impl RedisServer {
         Self::start_tls_with(files, client_certificates, &[])
     }
 
+    /// A Cluster node serving TLS (its cluster bus too) that holds every
+    /// slot alone (see [`cluster_of_one`](Self::cluster_of_one)), and its
+    /// TLS port.
+    #[allow(dead_code)]
+    pub fn start_tls_cluster_of_one(files: &TlsFiles) -> (Self, u16) {
+        let (server, tls_port) = Self::start_tls_with(
+            files,
+            false,
+            &["--cluster-enabled", "yes", "--tls-cluster", "yes"],
+        );
+        (Self::cluster_of_one(server), tls_port)
+    }
+
     /// [`start_tls`](Self::start_tls) with extra `redis-server` arguments.
     pub fn start_tls_with(
         files: &TlsFiles,

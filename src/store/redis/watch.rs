@@ -59,6 +59,17 @@ impl Map {
         (slot <= last).then_some(node)
     }
 
+    /// Marks `asked` (indexes in `nodes`) as asked by the round that made
+    /// this map, and no other.
+    fn mark_asked(&mut self, asked: &[usize]) {
+        self.asked = vec![false; self.nodes.len()];
+        for &i in asked {
+            if let Some(a) = self.asked.get_mut(i) {
+                *a = true;
+            }
+        }
+    }
+
     fn held_nodes(&self) -> impl Iterator<Item = &Node> {
         self.nodes
             .iter()
@@ -287,7 +298,7 @@ impl Watch {
         };
         let everyone: Vec<usize> = (0..map.nodes.len()).collect();
         map.held = self.ask(&mut conns, &map, &everyone, &[]).await;
-        map.asked = vec![true; map.nodes.len()];
+        map.mark_asked(&everyone);
         if self.publish(map) {
             self.start();
         }
@@ -360,12 +371,7 @@ impl Watch {
             conns.silent.remove(node);
             conns.dialed.remove(node);
         }
-        map.asked = vec![false; map.nodes.len()];
-        for &i in &asked {
-            if let Some(a) = map.asked.get_mut(i) {
-                *a = true;
-            }
-        }
+        map.mark_asked(&asked);
         self.publish(map);
         true
     }
