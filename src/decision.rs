@@ -141,7 +141,7 @@ fn big_number(n: u64) -> HeaderValue {
 
 /// Whole seconds in `d`, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// The `Retry-After` seconds for a wait of `d`: rounded up, at least 1.
@@ -466,6 +466,35 @@ mod tests {
             r#"{"type":"about:blank","title":"Unauthorized","status":401,"detail":"bad \"key\"\u000a\\"}"#
         );
     }
+
+    /// A gRPC pushback is whole milliseconds, rounded up, and stays a
+    /// 32-bit number for waits of a month or a year (a larger one, which
+    /// some clients cannot read, would tell them never to retry).
+    #[test]
+    fn grpc_pushbacks_round_up_and_fit_in_32_bits() {
+        let pushback = |retry| {
+            let r = grpc(
+                &HeaderMap::new(),
+                GrpcStatus::ResourceExhausted,
+                "slow down",
+                Pushback::After(retry),
+            );
+            let ms = r.headers().get(GRPC_RETRY_PUSHBACK_MS).unwrap();
+            let secs = r.headers().get(RETRY_AFTER).unwrap();
+            (
+                ms.to_str().unwrap().to_owned(),
+                secs.to_str().unwrap().to_owned(),
+            )
+        };
+        assert_eq!(
+            pushback(Duration::from_micros(1_500)),
+            ("2".into(), "1".into())
+        );
+        let month = Duration::from_secs(30 * 86_400);
+        assert_eq!(pushback(month), ("2147483647".into(), "2592000".into()));
+        let ten_years = Duration::from_secs(3_650 * 86_400);
+        assert_eq!(pushback(ten_years).0, "2147483647");
+    }
 }
 
 /// gRPC status codes the layer answers with.
@@ -536,14 +565,25 @@ pub(crate) fn grpc(
         Pushback::Unsaid => {}
         Pushback::After(retry) => {
             headers.insert(RETRY_AFTER, number(retry_after_secs(retry)));
-            let ms = u64::try_from(retry.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+            headers.insert(
+                GRPC_RETRY_PUSHBACK_MS,
+                HeaderValue::from(pushback_ms(retry)),
+            );
         }
         Pushback::Never => {
             headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
         }
     }
     response
+}
+
+/// `grpc-retry-pushback-ms` for a wait of `retry`: whole milliseconds,
+/// rounded up, at most `i32::MAX` (24.8 days): clients that read it as a
+/// 32-bit number (grpc-java) take a larger one as unreadable, which gRFC
+/// A6 says means "do not retry at all"; a longer wait is denied again
+/// with the rest of it.
+fn pushback_ms(retry: Duration) -> i32 {
+    i32::try_from(retry.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
 /// `message` percent-encoded as `grpc-message` wants it: every byte of its

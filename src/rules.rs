@@ -695,13 +695,17 @@ pub(crate) fn ietf_name(window: &Window, index: usize, user_windows: usize) -> S
     scoped(span_name(window), index, user_windows)
 }
 
-/// A window's length as a name: `60s`, `250ms`.
+/// A window's length as a name: `60s`, `250ms`, and `1500us` for one
+/// that is not whole milliseconds (a `Window` made by hand), so that two
+/// windows of a rule never share a name.
 fn span_name(window: &Window) -> String {
     let micros = window.micros();
     if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
+    } else if micros.is_multiple_of(1_000) {
+        format!("{}ms", micros / 1_000)
     } else {
-        format!("{}ms", micros.div_ceil(1000))
+        format!("{micros}us")
     }
 }
 
@@ -804,7 +808,8 @@ pub enum HeaderMode {
     /// `X-RateLimit-*`, and for every window its own
     /// `X-RateLimit-Limit-<Window>` and `X-RateLimit-Remaining-<Window>`,
     /// as Kong sends them: `-Second`, `-Minute`, `-Hour`, `-Day`, `-Month`
-    /// (30 days), `-Year` (365 days), other lengths as `-10s` or `-250ms`,
+    /// (30 days), `-Year` (365 days), other lengths as `-10s` or `-250ms`
+    /// (`-1500us` if not whole milliseconds),
     /// a route-wide window's with `Route-` before (`-Route-Minute`).
     /// `"x-windows"` in a configuration file.
     #[serde(rename = "x-windows")]
@@ -2942,6 +2947,38 @@ mod tests {
             Some(Candidates::Mask(m)) => (0..64).filter(|i| m & (1 << i) != 0).collect(),
             Some(Candidates::Many(v)) => v.into_iter().map(|i| i as usize).collect(),
         }
+    }
+
+    /// Every window of a rule has a name of its own in the headers, those
+    /// that are not whole milliseconds (made by hand) included.
+    #[test]
+    fn windows_of_a_rule_never_share_a_header_name() {
+        let window = |us, limit| Window::new(Duration::from_micros(us), limit).unwrap();
+        let user = [window(1_500, 1), window(2_000, 5), window(2_000_000, 7)];
+        let route = [window(1_500, 9)];
+        let names: Vec<_> = (0..4)
+            .map(|i| ietf_name(user.get(i).unwrap_or(&route[0]), i, 3))
+            .collect();
+        assert_eq!(names, ["1500us", "2ms", "2s", "route-1500us"]);
+        let headers = window_headers(&user, &route);
+        let limits: Vec<_> = headers
+            .iter()
+            .map(|h| h.as_ref().unwrap().0.as_str().to_owned())
+            .collect();
+        assert_eq!(
+            limits,
+            [
+                "x-ratelimit-limit-1500us",
+                "x-ratelimit-limit-2ms",
+                "x-ratelimit-limit-2s",
+                "x-ratelimit-limit-route-1500us"
+            ]
+        );
+        let policy = ietf_policy(&user, &route).unwrap();
+        assert_eq!(
+            policy.to_str().unwrap(),
+            r#""1500us";q=1, "2ms";q=5, "2s";q=7;w=2, "route-1500us";q=9"#
+        );
     }
 
     /// Prefix tables and regex sets, routes and exclusions alike, see the

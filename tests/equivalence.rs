@@ -17,7 +17,8 @@ use support::redis_server::{shared, unique_prefix};
 use tower_ratelimit::clock::Timestamp;
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{
-    Adjustment, Algorithm, Check, Decision, GlobalCheck, MemoryStore, Store, Window,
+    Adjustment, Algorithm, Check, Decision, GlobalCheck, MemoryStore, Store, StoreError,
+    StoreErrorKind, Window,
 };
 
 /// A Redis store on the shared server, under a prefix of its own, and a
@@ -385,5 +386,87 @@ async fn long_packed_logs_agree_on_window_edges() {
         let expected = memory.check(check.clone()).await.unwrap();
         let actual = redis.check(check).await.unwrap();
         assert_eq!(actual, expected, "check {i} at {now}");
+    }
+}
+
+/// A check without windows limits nothing: both stores allow it and leave
+/// the budget as it was, whatever the algorithm (a sliding log's entries
+/// included: none is trimmed as if the longest window were empty, and no
+/// counter's state is overwritten with an empty one); a route-wide budget
+/// without windows is left alone the same way, and route-wide windows
+/// without the user's are refused (a user without limits counts nothing).
+#[tokio::test]
+async fn a_check_without_windows_leaves_the_budget_alone() {
+    let (redis, memory) = stores().await;
+    let hour: Arc<[Window]> = [Window::new(Duration::from_secs(3600), 5).unwrap()].into();
+    let none: Arc<[Window]> = Arc::from(Vec::<Window>::new());
+    let start = 1_767_225_600_000_000u64;
+    let at = |us: u64| Timestamp::from_micros(start + us);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        for (name, store) in [("memory", &memory as &dyn DynCheck), ("redis", &redis)] {
+            let case = (name, algorithm);
+            let user = |who: &str| format!("r0:{who}-{algorithm:?}");
+            let route = GlobalCheck::new(format!("r0:*-{algorithm:?}"), hour.clone());
+            let empty_route = GlobalCheck::new(format!("r0:*-{algorithm:?}"), none.clone());
+            let check = |who: &str, windows: &Arc<[Window]>, us: u64| {
+                let mut check = Check::new(user(who), windows.clone()).at(at(us));
+                check.algorithm = algorithm;
+                check
+            };
+            for i in 0..5 {
+                assert!(store.run(check("alice", &hour, i)).await.unwrap().allowed());
+            }
+            let first = check("bob", &hour, 10).with_global(route.clone());
+            assert!(store.run(first).await.unwrap().allowed(), "{case:?}");
+            let windowless = [
+                check("alice", &none, 500_000),
+                check("alice", &none, 500_001).with_global(empty_route.clone()),
+            ];
+            for empty in windowless {
+                let decision = store.run(empty).await.unwrap();
+                assert!(decision.allowed(), "{case:?}: {decision:?}");
+                assert!(decision.windows().is_empty(), "{case:?}: {decision:?}");
+            }
+            // The user's own windows with a route's budget that has none.
+            let carol = check("carol", &hour, 600_000).with_global(empty_route.clone());
+            let decision = store.run(carol).await.unwrap();
+            assert!(decision.allowed(), "{case:?}: {decision:?}");
+            assert_eq!(decision.windows().len(), 1, "{case:?}: {decision:?}");
+            assert_eq!(decision.windows()[0].remaining, 4, "{case:?}: {decision:?}");
+            let only_route = check("dave", &none, 700_000).with_global(route.clone());
+            let error = store.run(only_route).await.unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Config, "{case:?}: {error}");
+            // Alice's hour still holds her 5, and the route's its 1.
+            let after = store.run(check("alice", &hour, 1_000_000)).await.unwrap();
+            assert!(
+                !after.allowed(),
+                "{case:?}: the hour still holds 5: {after:?}"
+            );
+            let erin = check("erin", &hour, 1_000_000).with_global(route.clone());
+            let decision = store.run(erin).await.unwrap();
+            assert_eq!(decision.windows()[1].remaining, 3, "{case:?}: {decision:?}");
+        }
+    }
+}
+
+/// One store or the other, for the test above.
+trait DynCheck {
+    fn run(
+        &self,
+        check: Check,
+    ) -> futures_util::future::BoxFuture<'_, Result<Decision, StoreError>>;
+}
+
+impl<S: Store> DynCheck for S {
+    fn run(
+        &self,
+        check: Check,
+    ) -> futures_util::future::BoxFuture<'_, Result<Decision, StoreError>> {
+        Box::pin(self.check(check))
     }
 }

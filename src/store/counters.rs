@@ -115,7 +115,7 @@ pub(crate) fn fixed_window(
             let wait = if cost > u64::from(w.limit()) {
                 d
             } else {
-                (k + 1) * d - now
+                (k + 1).saturating_mul(d) - now
             };
             retry = retry.max(wait);
         }
@@ -128,7 +128,7 @@ pub(crate) fn fixed_window(
             counts[i] += cost;
             state[at[i]] = [d, k, counts[i], 0];
         }
-        expires = expires.max((k + 1) * d);
+        expires = expires.max((k + 1).saturating_mul(d));
     }
     let mut remaining = [0u32; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
@@ -136,7 +136,7 @@ pub(crate) fn fixed_window(
     }
     let n = windows.len();
     let d = decision(allowed, retry, windows, &remaining[..n], |i| {
-        (ks[i] + 1) * windows[i].micros() - now
+        (ks[i] + 1).saturating_mul(windows[i].micros()) - now
     });
     (d, expires)
 }
@@ -207,7 +207,7 @@ pub(crate) fn sliding_window(
             state[at[i]] = [d, k, cur[i], prev[i]];
         }
         // The current count still weighs in during the next window.
-        expires = expires.max((k + 2) * d);
+        expires = expires.max((k + 2).saturating_mul(d));
     }
     let mut remaining = [0u32; MAX_WINDOWS];
     for (i, w) in windows.iter().enumerate() {
@@ -433,7 +433,7 @@ pub(crate) fn adjust(
             Algorithm::FixedWindow => {
                 let k = later(now / d, s[1]);
                 let count = if s[1] == k { s[2] } else { 0 };
-                expires = expires.max((k + 1) * d);
+                expires = expires.max((k + 1).saturating_mul(d));
                 [d, k, moved(count, twice), 0]
             }
             Algorithm::SlidingWindow => {
@@ -445,7 +445,7 @@ pub(crate) fn adjust(
                 } else {
                     (0, 0)
                 };
-                expires = expires.max((k + 2) * d);
+                expires = expires.max((k + 2).saturating_mul(d));
                 [d, k, moved(cur, twice), prev]
             }
             _ => {
@@ -686,6 +686,37 @@ mod tests {
                 assert!(!algorithm(&mut s, &windows, 1, S + 10, true).0.allowed());
             }
             assert_eq!(s, before);
+        }
+    }
+
+    /// A clock at the end of time (a timestamp set by hand) overflows no
+    /// window's end: the window counters still decide, and a denial still
+    /// waits; nothing panics. (A token bucket's theoretical arrival time
+    /// saturates there: it only has to stay sane.)
+    #[test]
+    fn a_clock_at_the_end_of_time_decides_without_overflow() {
+        type Algorithm = fn(&mut Vec<Slot>, &[Window], u32, u64, bool) -> (Decision, u64);
+        let windows = [w(1000, 1), w(3_600_000, 2)];
+        let now = u64::MAX - 5;
+        let _ = token_bucket(&mut Vec::new(), &windows, 1, now, true);
+        for algorithm in [fixed_window as Algorithm, sliding_window] {
+            let mut s = Vec::new();
+            let (first, expires) = algorithm(&mut s, &windows, 1, now, true);
+            assert!(first.allowed());
+            assert!(expires >= now);
+            let (second, _) = algorithm(&mut s, &windows, 1, now + 1, true);
+            assert!(!second.allowed());
+            assert!(second.retry_after().is_some_and(|r| r > Duration::ZERO));
+            for adjustment in [Adjustment::Penalty(3), Adjustment::Refund(1)] {
+                let kind = [
+                    super::Algorithm::FixedWindow,
+                    super::Algorithm::SlidingWindow,
+                    super::Algorithm::TokenBucket,
+                ];
+                for kind in kind {
+                    adjust(kind, &mut Vec::new(), &windows, adjustment, now);
+                }
+            }
         }
     }
 

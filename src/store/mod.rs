@@ -208,7 +208,9 @@ impl CheckRef<'_> {
     /// [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST) that its windows could
     /// allow (the layer never makes such checks; one made by hand might,
     /// and would have a store write an entry per unit of a cost that
-    /// large).
+    /// large). Route-wide windows need some of the user's: a check without
+    /// windows of its own limits nothing (the built-in stores allow it and
+    /// change nothing), its route's budget included.
     ///
     /// ```
     /// use std::time::Duration;
@@ -255,6 +257,11 @@ impl CheckRef<'_> {
         let global = self.global.map_or(&[][..], |g| g.windows);
         if self.windows.len() > MAX_WINDOWS || global.len() > MAX_WINDOWS {
             return Err(too_many_windows(self.windows.len(), global.len()));
+        }
+        // (A rule's unlimited group never counts its route's windows: the
+        // layer never sends one.)
+        if self.windows.is_empty() && !global.is_empty() {
+            return Err(route_without_user_windows());
         }
         // (`Check::new` sorts them; a caller who set the field by hand may
         // not have, and every store reads the last window as the longest.)
@@ -324,6 +331,16 @@ fn too_many_windows(user: usize, global: usize) -> StoreError {
         format!(
             "a check of {user} windows and {global} route-wide: a store takes at most {MAX_WINDOWS} of each"
         ),
+    )
+}
+
+/// (Out of line: the layer never gets here.)
+#[cold]
+#[inline(never)]
+fn route_without_user_windows() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        "a check with route-wide windows but none of its own: a user without limits counts nothing, the route's budget included",
     )
 }
 
@@ -827,7 +844,9 @@ pub trait Store: Send + Sync + 'static {
     /// The future of one check.
     type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
 
-    /// Decides on `check`, and records it when allowed.
+    /// Decides on `check`, and records it when allowed. (A check without
+    /// windows limits nothing: the built-in stores allow it, with no
+    /// window in the decision, and change nothing.)
     fn check(&self, check: Check) -> Self::Future;
 
     /// Decides at once, when the store can (the memory store can): the

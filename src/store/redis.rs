@@ -3829,9 +3829,20 @@ fn unexpected(reply: &[u8]) -> StoreError {
 impl Store for RedisStore {
     type Future = BoxFuture<Result<Decision, StoreError>>;
 
-    fn check(&self, check: Check) -> Self::Future {
+    fn check(&self, mut check: Check) -> Self::Future {
         if let Err(error) = check.as_ref().supported() {
             return Box::pin(std::future::ready(Err(error)));
+        }
+        // No windows limit nothing and keep nothing: a check without any is
+        // allowed without a command (the scripts would store an empty state
+        // over the budget's), and a route-wide budget without windows is
+        // left out. (The layer sends neither.)
+        if check.windows.is_empty() {
+            let allowed = Decision::new(true, None, Duration::ZERO, []);
+            return Box::pin(std::future::ready(Ok(allowed)));
+        }
+        if check.global.as_ref().is_some_and(|g| g.windows.is_empty()) {
+            check.global = None;
         }
         Box::pin(Self::run(self.inner.clone(), check))
     }

@@ -35,6 +35,11 @@ pub(crate) fn check(
 /// lines.)
 #[inline(never)]
 fn check_many(log: &mut Log, windows: &[Window], cost: u32, now: u64, record: bool) -> Decision {
+    if windows.is_empty() {
+        // No window limits nothing, and keeps nothing: the log stays as it
+        // is (trimmed to a longest window of 0, it would lose every entry).
+        return Decision::new(true, None, Duration::ZERO, []);
+    }
     let longest = windows.last().map_or(0, Window::micros);
     log.trim(|t| t.saturating_add(longest) <= now);
     let total = log.len() as u64;
