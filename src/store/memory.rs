@@ -532,7 +532,11 @@ impl MemoryStore {
     /// at once (each shard locked in turn for as long as its sweep takes);
     /// returns how many budgets remain. Checks reclaim them a few at a time
     /// anyway (see [Memory](self#memory)): this is for tests and for a
-    /// store about to be measured.
+    /// store about to be measured. Behind a layer with a clock of its own
+    /// ([`RateLimitLayer::clock`](crate::RateLimitLayer::clock)), whose
+    /// checks carry that clock's time, sweep at that time with
+    /// [`sweep_at`](Self::sweep_at): on another clock, budgets that are
+    /// live on the layer's may look empty, and be dropped.
     pub fn sweep(&self) -> usize {
         self.sweep_at(self.inner.clock.now())
     }
