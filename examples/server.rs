@@ -582,7 +582,7 @@ fn reloads(
                 // reload: an empty file is most likely one being written.)
                 Ok(config) if config.rules().is_empty() && !rules.get().is_empty() => {
                     tracing::warn!(
-                        "{} has no routes; keeping the running table (to limit nothing for a while, set `shadow = true`)",
+                        "{} has no routes; keeping the running table (to limit nothing for a while, keep the routes and set `shadow = true` at the top of the file)",
                         path.display()
                     );
                 }

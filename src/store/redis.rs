@@ -1730,6 +1730,8 @@ struct Lazy<C> {
     /// On a Cluster: when (see [`Lazy::micros`]) a new client may next be
     /// made beside a kept one that answers.
     next_replacement: AtomicU64,
+    /// See [`Common::probe_key`].
+    probe_key: Arc<str>,
 }
 
 /// What every connection of a store shares: its scripts, its reading of
@@ -1739,6 +1741,10 @@ struct Common {
     scripts: Arc<Scripts>,
     clock: Arc<ServerClock>,
     load_timeout: Duration,
+    /// A key of the store's (under its prefix) that no budget uses, on
+    /// which a new store asks whether its user may run its checks (see
+    /// [`Lazy::check_access`]).
+    probe_key: Arc<str>,
 }
 
 impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
@@ -1753,6 +1759,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             scripts,
             clock,
             load_timeout,
+            probe_key,
         } = common.clone();
         Arc::new(Self {
             clock,
@@ -1777,6 +1784,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             probe_timeout: load_timeout / 2 + shape.ping_timeout,
             failed_key: ArcSwapOption::empty(),
             next_replacement: AtomicU64::new(0),
+            probe_key,
         })
     }
 
@@ -1807,8 +1815,12 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             }
         };
         let (connected, ()) = tokio::join!(lazy.try_connect(), survey);
-        match connected {
-            Ok(()) => {}
+        match connected.map(|()| lazy.check_access()) {
+            Ok(access) => {
+                if let Err(error) = access.await {
+                    return Err(config_error(format!("{what}: {error}")));
+                }
+            }
             Err(error) if misconfigured(&error) => {
                 return Err(config_error(format!("{what}: {error}")));
             }
@@ -2009,6 +2021,38 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         self.timeouts.store(0, Ordering::Relaxed);
         self.failed_key.store(None);
         Ok(())
+    }
+
+    /// Whether the store's user may run its checks: an `EVALSHA` of a batch
+    /// script on a key of the store's, with no check in it, which the
+    /// script answers with an error at once, touching nothing; but the
+    /// server first checks the user's ACL, for the command and for writing
+    /// the key. A refusal (`NOPERM`) is the error: every check would fail
+    /// for good. Anything else passes (a server that takes its time, a
+    /// Cluster master the store's watch holds, which is not asked: the
+    /// store decides on the others meanwhile).
+    async fn check_access(&self) -> Result<(), RedisError> {
+        let key = self.probe_key.as_bytes();
+        if self
+            .watch
+            .as_ref()
+            .is_some_and(|w| w.holding(key).is_some())
+        {
+            return Ok(());
+        }
+        let Some(mut conn) = self.get() else {
+            return Ok(());
+        };
+        let Some(script) = self.scripts.batched(0) else {
+            return Ok(());
+        };
+        let mut probe = redis::cmd("EVALSHA");
+        probe.arg(script.get_hash()).arg(1).arg(key);
+        let asked = probe.query_async::<redis::Value>(&mut conn);
+        match tokio::time::timeout(self.probe_timeout, asked).await {
+            Ok(Err(e)) if e.code() == Some("NOPERM") => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `conn` reads `key` from its slot's master within the probe
@@ -2418,6 +2462,7 @@ fn misconfigured(e: &RedisError) -> bool {
     // keeps trying, as the warning at `build` says.)
     [
         "cluster support disabled",
+        "DB index is out of range",
         "WRONGPASS",
         "NOAUTH",
         "invalid peer certificate",
@@ -4138,17 +4183,19 @@ impl RedisStoreBuilder {
     /// would mend: `cluster(..)` on a server without cluster support,
     /// `url(..)` or `pool(..)` on a node of a Cluster of several masters
     /// (which would answer `MOVED` for the others' budgets), a master name
-    /// no sentinel knows, a password the server refuses, a user whose ACL
-    /// denies `SCRIPT LOAD`, a TLS certificate either side refuses. (The store's user needs `EVALSHA` and
-    /// `SCRIPT LOAD`, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
+    /// no sentinel knows, a database number the server does not have, a
+    /// password the server refuses, a user whose ACL denies `SCRIPT LOAD`
+    /// or `EVALSHA`, or writing keys under the store's prefix (asked once,
+    /// as the store connects, with an `EVALSHA` on `<prefix>:{probe}:access`
+    /// that touches nothing), a TLS certificate either side refuses. (The
+    /// store's user needs `EVALSHA`, `SCRIPT LOAD` and its keys, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
     /// its ACL allows them; on a Cluster, also what redis-rs's cluster
     /// client asks, such as `CLUSTER SLOTS`, and `PING` and `EXISTS` to
     /// tell whether a client reaches its masters while checks fail; a
     /// store made with `cluster(..)` also sends `CLUSTER SLOTS` and `PING`
     /// on connections of its own, as it connects and when checks fail, to
     /// find a master that answers nothing, whose checks then fail at once
-    /// (see the README). One denied `EVALSHA` builds,
-    /// and every check fails.) A Redis that
+    /// (see the README).) A Redis that
     /// cannot be reached yet is not an error: the store logs a warning,
     /// keeps connecting in the background, and until then every check
     /// fails, so the layer's fail mode applies.
@@ -4164,6 +4211,7 @@ impl RedisStoreBuilder {
             // (Loading the scripts on a new connection: a few dozen round
             // trips.)
             load_timeout: connect_timeout.saturating_mul(4),
+            probe_key: format!("{}:{{probe}}:access", self.prefix).into(),
         };
         // A multiplexed connection (of its own or a pool's) is replaced when
         // it breaks, and kept alive while idle; a Cluster client (of its own
@@ -4499,6 +4547,7 @@ mod tests {
             scripts: Arc::new(Scripts::new()),
             clock: Arc::new(ServerClock::new()),
             load_timeout: Duration::from_secs(2),
+            probe_key: "rl:{probe}:access".into(),
         }
     }
 

@@ -203,6 +203,23 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// The calls of `command` this server answered without an error (a
+    /// store's access probe at start-up is a failed `EVALSHA`).
+    #[allow(dead_code)]
+    pub fn succeeded(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:");
+        let stats = self.cli(&["info", "commandstats"]);
+        let Some(line) = stats.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            line.split(',')
+                .find_map(|f| f.strip_prefix(name)?.parse().ok())
+                .unwrap_or(0)
+        };
+        field("calls=").saturating_sub(field("failed_calls="))
+    }
+
     /// [`log_entries`] on this server.
     #[allow(dead_code)]
     pub fn log_entries(&self, key: &str) -> Vec<i64> {
