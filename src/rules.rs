@@ -368,17 +368,22 @@ impl Rule {
             return;
         }
         let mut items: Vec<&str> = text.split([';', ',', '|']).map(str::trim).collect();
-        // (One separator may end the text; an empty item elsewhere, `;;`,
-        // is a typo, most likely of a limit left out.)
+        // (One separator may end the text; an empty item elsewhere, `;;`
+        // or a separator first, is a typo, most likely of a limit left
+        // out.)
         if items.len() > 1 && items.last() == Some(&"") {
             items.pop();
         }
         if items.len() > 1 {
             if let Some(i) = items.iter().position(|item| item.is_empty()) {
+                let why = match i {
+                    0 => "it starts with a separator",
+                    _ => "two separators in a row",
+                };
                 self.notation_error = Some((
                     format!("limits[{i}]"),
                     format!(
-                        "{} has an empty item (two separators in a row)",
+                        "{} has an empty item ({why}: a limit left out?)",
                         shown(text)
                     ),
                 ));

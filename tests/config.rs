@@ -497,8 +497,21 @@ fn unreadable_limit_texts_are_rejected_and_named() {
             "longer than any window",
         ),
         ("", "limits", "holds no limit"),
-        (" ; ,", "limits[0]", "has an empty item"),
-        ("10/second;;20/minute", "limits[1]", "has an empty item"),
+        (
+            " ; ,",
+            "limits[0]",
+            "has an empty item (it starts with a separator",
+        ),
+        (
+            ";10/s",
+            "limits[0]",
+            "has an empty item (it starts with a separator",
+        ),
+        (
+            "10/second;;20/minute",
+            "limits[1]",
+            "has an empty item (two separators in a row",
+        ),
         ("+1/second", "limits[0]", "`+1` is not a whole number"),
         (
             "1/second\n; 2/x\n{key}",
