@@ -545,7 +545,10 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     ///
     /// Only requests the store allowed (and so recorded) are adjusted: not
     /// denials let through in shadow mode, nor requests let through by the
-    /// fail mode or decided by the fallback store. The adjustment reaches
+    /// fail mode or decided by the fallback store. A refund gives back at
+    /// most the request's own cost (see [`cost`](Self::cost)): nothing
+    /// for a free request, so that free requests that fail never give
+    /// back what others spent. The adjustment reaches
     /// the user's budget in the request's own store, on its clock, before
     /// the response goes out (so the client's next request sees it); a
     /// store that fails is counted and logged (at most once a second), and

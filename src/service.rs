@@ -665,8 +665,17 @@ impl<St: Store, I> Shared<St, I> {
             block,
             true,
         );
+        let cost = checked.cost;
         Box::new(move |status, headers| {
-            let adjustment = hook(status, headers)?;
+            // (A refund gives back at most what the request spent: a free
+            // request's refund would give back other requests' units.)
+            let adjustment = match hook(status, headers)? {
+                crate::Adjustment::Refund(n) => crate::Adjustment::Refund(n.min(cost)),
+                penalty => penalty,
+            };
+            if adjustment.is_empty() {
+                return None;
+            }
             check.now = clock.map(|c| c.now());
             let fut = store.adjust(check, adjustment);
             Some(Box::pin(async move {
