@@ -76,8 +76,13 @@ while from <= n do
   if ok then break end
   local i = #replies + 1
   if type(reply) == 'table' then
-    -- (An error a command raised, as Redis gives it: a table with `err`.)
+    -- (An error a command raised, as some Redis versions give it: a table
+    -- with `err`.)
     replies[i] = reply
+  elseif type(reply) == 'string' and string.find(reply, '^%u+ ') then
+    -- (The same as Redis 7 gives it: its text, which starts with its code,
+    -- `READONLY ...`: kept, so the client reads the code.)
+    replies[i] = { err = reply }
   else
     replies[i] = { err = 'ERR ' .. tostring(reply) }
   end

@@ -1049,6 +1049,42 @@ fn a_batch_takes_each_run_of_numbers_once() {
         })
         .collect();
     assert_eq!(remaining, [4.0, 4.0, 3.0]);
+
+    // A check whose command fails answers with the server's own error, its
+    // code first (as the client reads it: `WRONGTYPE`, `READONLY`), and
+    // the others still run.
+    assert_eq!(server.cli(&["del", "b"]), "1");
+    assert_eq!(server.cli(&["rpush", "b", "x"]), "1");
+    let length = |key: &str| server.cli(&["strlen", key]).parse::<u64>().unwrap();
+    let before = [length("a"), length("c")];
+    let error = call(["2", "1"]).unwrap_err();
+    assert_eq!(error.code(), Some("WRONGTYPE"), "{error}");
+    assert!(length("a") > before[0] && length("c") > before[1]);
+}
+
+/// A check whose caller is gone before its batch is sent (a request
+/// dropped: the client left, an outer timeout fired) is not sent: it
+/// spends nothing of its user's budget.
+#[tokio::test]
+async fn a_check_dropped_before_its_batch_is_sent_spends_nothing() {
+    use futures_util::FutureExt;
+    use tower_ratelimit::{Check, Store, Window};
+    let server = RedisServer::start();
+    let store = own_store(&server).await;
+    let windows = [Window::new(Duration::from_secs(60), 5).unwrap()];
+    // Polled once (queued for the next batch), then dropped.
+    assert!(store
+        .check(Check::new("r0:gone", windows))
+        .now_or_never()
+        .is_none());
+    let kept = store.check(Check::new("r0:kept", windows)).await.unwrap();
+    assert_eq!(kept.windows()[0].remaining, 4);
+    let gone = store.check(Check::new("r0:gone", windows)).await.unwrap();
+    assert_eq!(
+        gone.windows()[0].remaining,
+        4,
+        "the dropped check spent nothing"
+    );
 }
 
 /// A server that refuses a call on keys of several slots (here a Cluster

@@ -1204,7 +1204,10 @@ where
     C: AskAgain + Clone + Send + Sync + 'static,
 {
     let sent_at = tokio::time::Instant::now();
-    if jobs.iter().any(|job| job.due <= sent_at) {
+    if jobs
+        .iter()
+        .any(|job| job.due <= sent_at || job.reply.is_closed())
+    {
         late(&mut jobs, sent_at);
         if jobs.is_empty() {
             return;
@@ -1278,13 +1281,18 @@ where
 }
 
 /// Answers the checks of `jobs` whose deadline is over at `now` with a
-/// timeout, and keeps the others. (Out of line: only a stalled runtime
-/// gets here.)
+/// timeout, drops those whose caller is gone (a request dropped while its
+/// check waited in the queue: sent, it would spend the user's budget for
+/// an answer no one reads), and keeps the others. (Out of line: only a
+/// stalled runtime, or a dropped request, gets here.)
 #[cold]
 #[inline(never)]
 fn late(jobs: &mut Vec<Job>, now: tokio::time::Instant) {
     let mut kept = Vec::with_capacity(jobs.len());
     for job in jobs.drain(..) {
+        if job.reply.is_closed() {
+            continue;
+        }
         if job.due <= now {
             let _ = job.reply.send(Err(StoreError::timeout()));
         } else {
