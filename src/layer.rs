@@ -35,7 +35,12 @@ pub enum FailMode {
     /// Keep limiting with an in-process [`MemoryStore`] while the store is
     /// down (each replica then enforces the limits on its own), and return
     /// to the store when it answers again: one request at most every
-    /// 500 ms probes it; the others do not wait for it.
+    /// 500 ms probes it; the others do not wait for it. The store counts as
+    /// down after a failure that made a request wait (a timeout, or an
+    /// answer slower than 5 ms); a store that fails a check at once (a
+    /// Cluster master it holds, a connection it knows is gone) is still
+    /// asked for every check, so the budgets it answers for stay its own,
+    /// and only the failed checks are decided by the in-process store.
     Fallback,
 }
 

@@ -23,7 +23,13 @@ use crate::layer::RuleSource;
 use crate::layer::{AdjustFn, FailMode, Options, RunState};
 use crate::observe::{self, Outcome};
 use crate::rules::{Candidates, Policy, Rules};
-use crate::store::{Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError};
+use crate::store::{
+    Check, CheckRef, Decision, GlobalCheck, GlobalRef, Store, StoreError, StoreErrorKind,
+};
+
+/// A store's failure that took this long (or a timeout) makes
+/// [`FailMode::Fallback`] skip the store for a while (see `store_failed`).
+const SLOW_FAILURE: Duration = Duration::from_millis(5);
 
 /// Everything the services of one layer share.
 pub(crate) struct Shared<St, I> {
@@ -610,7 +616,17 @@ impl<St: Store, I> Shared<St, I> {
             .store_failed(error, mode, self.real_now());
         match (mode, &self.state.fallback, &checked.retry) {
             (FailMode::Fallback, Some(fallback), Some(check)) => {
-                fallback.failed(self.now());
+                // Skipping the store spares the next requests a wait on it:
+                // only a failure that made this one wait (a timeout, a slow
+                // answer) starts that. One the store gave at once (a Cluster
+                // master it holds, a connection it knows is gone) costs the
+                // next requests nothing to ask again, so they do: the
+                // budgets it still answers for stay exact, each failed
+                // check alone decided by the fallback store.
+                let waited = checked.started.is_some_and(|s| s.elapsed() >= SLOW_FAILURE);
+                if waited || error.kind() == StoreErrorKind::Timeout {
+                    fallback.failed(self.now());
+                }
                 let decision = fallback.store.decide_now(check);
                 self.on_decision(checked, request, Ok(decision), Outcome::Fallback)
             }

@@ -33,7 +33,8 @@ impl Store for Flaky {
     fn check(&self, check: Check) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.failing.load(Ordering::SeqCst) {
-            return ready(Err(StoreError::new(StoreErrorKind::Unavailable, "down")));
+            // (As a store that is down fails: its calls time out.)
+            return ready(Err(StoreError::new(StoreErrorKind::Timeout, "down")));
         }
         self.inner.check(check)
     }
@@ -912,6 +913,58 @@ async fn fallback_limits_in_memory_while_the_store_is_down_and_probes_it() {
     app.get("/a", "x").await;
     app.get("/a", "x").await;
     assert_eq!(store.calls(), after + 2);
+}
+
+/// A store that fails at once for one budget (as a Redis Cluster whose
+/// master of that budget's slot is held) and decides the others.
+#[derive(Clone, Default)]
+struct PartlyDown {
+    inner: MemoryStore,
+    down: Arc<std::sync::Mutex<String>>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Store for PartlyDown {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if check.budget.ends_with(self.down.lock().unwrap().as_str()) {
+            let error = StoreError::new(StoreErrorKind::Unavailable, "its master is held");
+            return ready(Err(error));
+        }
+        self.inner.check(check)
+    }
+}
+
+/// With `FailMode::Fallback`, a store that fails at once for one budget
+/// (a held Cluster master's) is still asked for the others: their budgets
+/// stay the store's, exact across replicas, and only the failing budget's
+/// checks are decided by the fallback store.
+#[tokio::test]
+async fn fallback_keeps_asking_a_store_that_fails_at_once_for_one_budget() {
+    let store = PartlyDown::default();
+    *store.down.lock().unwrap() = ":down".to_owned();
+    let app = App::with(one(Rule::new().second(2)), store.clone(), |l| {
+        l.fail_mode(FailMode::Fallback).denial_cache(0)
+    });
+    // The failing budget: limited by the fallback store.
+    assert_eq!(app.get("/a", "down").await.status, StatusCode::OK);
+    assert_eq!(app.get("/a", "down").await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/a", "down").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Every other budget is still the store's: each of its checks asks it.
+    let before = store.calls.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        assert_eq!(app.get("/a", "up").await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        app.get("/a", "up").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(store.calls.load(Ordering::SeqCst), before + 3);
 }
 
 /// A store that waits (through `Flaky`) unless `at_once` is set, and then
