@@ -555,7 +555,9 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// for a free request, so that free requests that fail never give
     /// back what others spent. The adjustment reaches
     /// the user's budget in the request's own store, on its clock, before
-    /// the response goes out (so the client's next request sees it); a
+    /// the response goes out (so the client's next request sees it; a
+    /// response dropped meanwhile, by a client that hung up, leaves it to
+    /// finish on the runtime, so hanging up skips no penalty); a
     /// store that fails is counted and logged (at most once a second), and
     /// the response goes out unchanged. Its rate-limit headers (which `f`
     /// sees among the headers) describe the request's check, before the

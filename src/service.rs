@@ -365,6 +365,30 @@ type After = Box<dyn FnOnce(StatusCode, &HeaderMap) -> Option<Adjusting> + Send 
 /// A store's adjustment under way, its failure logged.
 type Adjusting = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// An adjustment on its way to the store, which the response waits for.
+/// Dropped before it is done (the client left, an outer timeout fired),
+/// it is finished on the runtime instead: a penalty is not skipped by
+/// hanging up.
+struct Finish(Option<Adjusting>);
+
+impl Finish {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(fut) = &mut self.0 {
+            ready!(fut.as_mut().poll(cx));
+            self.0 = None;
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if let (Some(fut), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(fut);
+        }
+    }
+}
+
 /// What to do with a request.
 enum Verdict<SF> {
     /// Call the inner service, and add these headers to its response.
@@ -842,7 +866,7 @@ pin_project! {
         Checking { #[pin] fut: SF, pending: Option<P> },
         Calling { #[pin] fut: F, headers: Option<RateHeaders> },
         CallingThen { #[pin] fut: F, headers: Option<RateHeaders>, after: Option<After> },
-        Adjusting { fut: Adjusting, response: Option<Box<R>> },
+        Adjusting { fut: Finish, response: Option<Box<R>> },
         Answer { response: Option<Response<Bytes>>, headers: Option<RateHeaders> },
     }
 }
@@ -1027,7 +1051,7 @@ where
                         // (Boxed: the response future stays as small to
                         // move as it was without adjustments.)
                         Some(fut) => State::Adjusting {
-                            fut,
+                            fut: Finish(Some(fut)),
                             response: Some(Box::new(response)),
                         },
                     }
@@ -1037,7 +1061,7 @@ where
                     if response.is_none() {
                         return Poll::Pending;
                     }
-                    ready!(fut.as_mut().poll(cx));
+                    ready!(fut.poll(cx));
                     let Some(response) = response.take() else {
                         return Poll::Pending;
                     };

@@ -1459,6 +1459,57 @@ async fn a_refund_gives_back_at_most_the_request_s_own_cost() {
     );
 }
 
+/// A memory store whose adjustments wait for `gate` before they apply.
+#[derive(Clone)]
+struct GatedAdjust {
+    inner: MemoryStore,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Store for GatedAdjust {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        self.inner.check(check)
+    }
+
+    fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
+        let (inner, gate) = (self.inner.clone(), self.gate.clone());
+        Box::pin(async move {
+            let _pass = gate.acquire().await;
+            inner.adjust(check, adjustment).await
+        })
+    }
+}
+
+/// A penalty on its way to the store when the response is dropped (the
+/// client hung up, an outer timeout fired) still reaches the budget.
+#[tokio::test]
+async fn a_penalty_under_way_when_its_response_is_dropped_still_lands() {
+    let store = GatedAdjust {
+        inner: MemoryStore::new(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let app = App::with(one(Rule::new().minute(5)), store.clone(), |l| {
+        l.adjust_on_response(|_, _| Some(Adjustment::Penalty(3)))
+    });
+    let dropped = tokio::time::timeout(Duration::from_millis(50), app.get("/a", "u")).await;
+    assert!(dropped.is_err(), "the response waits for its penalty");
+    store.gate.add_permits(10);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // 1 spent and 3 of penalty: this one is the last of 5 (without the
+    // penalty it would leave 3).
+    let reply = app.get("/a", "u").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.number("x-ratelimit-remaining"),
+        0,
+        "the penalty landed"
+    );
+}
+
 #[tokio::test]
 async fn only_requests_the_store_allowed_are_adjusted() {
     // Shadow mode: a denial let through is not adjusted.
