@@ -1128,11 +1128,48 @@ async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
     )
     .await;
     let (users, masters) = decided_spread(&cluster, &app).await;
-    let (master, replica) = master_and_replica_of(&cluster, &users[0], masters[0]);
+    follows_the_promoted_replica(&cluster, &app, &users, &masters).await;
+}
+
+/// The same with one seed, the master that hangs: the store's new client
+/// is made on the masters its watch found in the slots (a client made on
+/// the seed again would wait on it, and learn of no promotion while it
+/// hangs).
+#[tokio::test]
+async fn a_hung_sole_seed_s_checks_follow_its_promoted_replica() {
+    let cluster = support::redis_server::RedisCluster::start_with_replicas();
+    let warm = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    let (users, masters) = decided_spread(&cluster, &warm).await;
+    let seed = cluster.nodes[masters[0]].url();
+    let app = app_with(
+        RedisStore::builder().cluster([seed]),
+        FailMode::Closed,
+        true,
+    )
+    .await;
+    until_decided(&app, &users).await;
+    follows_the_promoted_replica(&cluster, &app, &users, &masters).await;
+}
+
+/// Hangs the master of `users[0]` (`masters[0]`) and has the Cluster
+/// promote its replica: its checks are decided again within 15 s, and the
+/// other users' after.
+async fn follows_the_promoted_replica(
+    cluster: &support::redis_server::RedisCluster,
+    app: &App,
+    users: &[String],
+    masters: &[usize],
+) {
+    let (master, replica) = master_and_replica_of(cluster, &users[0], masters[0]);
     // (The others on masters that answer.)
     let others: Vec<&String> = users
         .iter()
-        .zip(&masters)
+        .zip(masters)
         .filter(|(_, &m)| m != master)
         .map(|(u, _)| u)
         .collect();

@@ -267,11 +267,15 @@ impl Watch {
             .is_some_and(|at| at.elapsed() < MOVED_SPAN)
     }
 
-    /// The URLs of the seeds that were no held master in the last few
-    /// seconds, when some were and others remain (`None` otherwise): a new
-    /// Cluster client connects to every seed it is given, and waits on one
-    /// that hangs for its connection timeout, as the store replaces its
-    /// client to follow a hung master's promoted replica.
+    /// The nodes a new Cluster client is best made on, when they differ
+    /// from the seeds the store was given (`None` otherwise): the masters
+    /// the slots name now that are not held, then the seeds, leaving out
+    /// those held in the last few seconds. A new Cluster client connects to
+    /// every node it is given, and waits on one that hangs for its
+    /// connection timeout; and a client made on seeds that all hang (one
+    /// seed, the master that hangs) reaches no node to learn of its
+    /// promoted replica. Nodes the seeds do not name take the first seed's
+    /// settings (its user, password and TLS).
     pub(super) fn answering_seeds(&self) -> Option<Vec<String>> {
         let lately = self.lately_held.load();
         let recent = |node: &Node| {
@@ -279,13 +283,32 @@ impl Watch {
                 .iter()
                 .any(|(n, at)| n == node && at.elapsed() < MOVED_SPAN)
         };
-        let answering: Vec<String> = self
-            .seeds
-            .iter()
-            .filter(|(_, node)| !recent(node))
-            .map(|(url, _)| url.clone())
-            .collect();
-        (!answering.is_empty() && answering.len() < self.seeds.len()).then_some(answering)
+        let (first, _) = self.seeds.first()?;
+        let map = self.map.load();
+        let mut urls: Vec<String> = Vec::new();
+        let mut changed = false;
+        for (node, held) in map.nodes.iter().zip(&map.held) {
+            if *held || recent(node) {
+                continue;
+            }
+            match self.seeds.iter().find(|(_, seed)| seed == node) {
+                Some((url, _)) => urls.push(url.clone()),
+                None => {
+                    if let Some(url) = url_at(first, node) {
+                        urls.push(url);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        for (url, node) in &self.seeds {
+            if recent(node) {
+                changed = true;
+            } else if !urls.contains(url) {
+                urls.push(url.clone());
+            }
+        }
+        (changed && !urls.is_empty()).then_some(urls)
     }
 
     /// Reads the slots and asks every master: called as the store
@@ -742,6 +765,21 @@ fn parse_slots(answer: Value, asked: &str) -> Option<Map> {
 }
 
 /// `host:port`, or `[host]:port` for an IPv6 address.
+/// `url` (`redis[s]://[user[:password]@]host[:port][/db][?...]`) with
+/// `node` as its host and port, the rest kept; `None` for a URL without
+/// `://`.
+fn url_at(url: &str, (host, port): &Node) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let user = authority.rfind('@').map_or("", |at| &authority[..=at]);
+    let host = match host.contains(':') {
+        true => format!("[{host}]"),
+        false => host.clone(),
+    };
+    Some(format!("{scheme}://{user}{host}:{port}{tail}"))
+}
+
 pub(super) fn name((host, port): &Node) -> String {
     match host.contains(':') {
         true => format!("[{host}]:{port}"),
@@ -838,7 +876,50 @@ mod tests {
         assert!(watch.held_nodes().is_empty());
         assert_eq!(watch.holding(lower.as_bytes()), None);
         assert!(watch.moved_lately());
+        assert_eq!(watch.answering_seeds(), Some(vec![url(7002), url(7001)]));
+    }
+
+    /// One seed, the master that hangs: a new client is made on the
+    /// masters the slots name that answer, with the seed's settings.
+    #[test]
+    fn a_sole_seed_held_leaves_new_clients_the_masters_that_answer() {
+        use redis::IntoConnectionInfo;
+        let node = |port: u16| ("127.0.0.1".to_owned(), port);
+        let url = |port: u16| format!("rediss://app:s3cret@127.0.0.1:{port}/0?insecure");
+        let base = url(7000).as_str().into_connection_info().unwrap();
+        let seeds = vec![(url(7000), node(7000))];
+        let watch = Watch::new(base, seeds, Duration::from_millis(500), Duration::ZERO).unwrap();
+        let map = |nodes: Vec<Node>, held: Vec<bool>| Map {
+            ranges: vec![(0, 8191, 0), (8192, 16383, 1)],
+            asked: vec![true; nodes.len()],
+            nodes,
+            held,
+            at: None,
+        };
+        assert_eq!(watch.answering_seeds(), None);
+        assert!(watch.publish(map(vec![node(7000), node(7001)], vec![true, false])));
         assert_eq!(watch.answering_seeds(), Some(vec![url(7001)]));
+        // (Its replica, 7002, promoted.)
+        assert!(!watch.publish(map(vec![node(7002), node(7001)], vec![false, false])));
+        assert_eq!(watch.answering_seeds(), Some(vec![url(7002), url(7001)]));
+    }
+
+    #[test]
+    fn urls_take_another_node_and_keep_the_rest() {
+        let at = |url: &str, host: &str, port| url_at(url, &(host.to_owned(), port));
+        assert_eq!(
+            at("redis://127.0.0.1:7000", "10.0.0.2", 7001).as_deref(),
+            Some("redis://10.0.0.2:7001")
+        );
+        assert_eq!(
+            at("rediss://u:p@w@node-a/2?protocol=resp3", "node-b", 6380).as_deref(),
+            Some("rediss://u:p@w@node-b:6380/2?protocol=resp3")
+        );
+        assert_eq!(
+            at("redis://[::1]:7000", "fe80::2", 7001).as_deref(),
+            Some("redis://[fe80::2]:7001")
+        );
+        assert_eq!(at("unix:/tmp/redis.sock", "h", 1), None);
     }
 
     #[test]
