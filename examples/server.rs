@@ -129,6 +129,11 @@ pub struct Args {
         requires = "redis_sentinel"
     )]
     sentinel_master: String,
+    /// The master's user, password and database under --redis-sentinel, as
+    /// a URL whose address is not used (the sentinels give it), e.g.
+    /// `redis://app:secret@master/2` (rediss:// for TLS to the master)
+    #[arg(long, value_name = "URL", requires = "redis_sentinel")]
+    sentinel_master_url: Option<String>,
     /// What to do when the Redis store fails (fallback: limit in memory
     /// until it answers again). Redis only: the memory store never fails.
     #[arg(long, value_enum, default_value_t = Mode::Open, requires = "redis_store")]
@@ -302,7 +307,11 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
         tracing::info!("store: redis {}", redacted(url));
         serve(&args, config, loaded, store, mode, proxies).await
     } else if let Some(urls) = &args.redis_sentinel {
-        let builder = RedisStore::builder().sentinel(urls.clone(), args.sentinel_master.clone());
+        let mut builder =
+            RedisStore::builder().sentinel(urls.clone(), args.sentinel_master.clone());
+        if let Some(master) = &args.sentinel_master_url {
+            builder = builder.sentinel_master_url(master.clone());
+        }
         let store = with_tls(builder, &args)?
             .timeout(timeout)
             .build()

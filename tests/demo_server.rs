@@ -402,6 +402,23 @@ async fn two_replicas_through_sentinel_share_each_budget() {
     assert_eq!(get(replicas[1], "/a", &key).await.status, 429);
     assert!(set.master.calls("evalsha") >= 2, "checked on the master");
     assert_eq!(set.replica.calls("evalsha"), 0);
+
+    // The master's database (and credentials) through `--sentinel-master-url`.
+    let flags = [
+        "--config",
+        file.path(),
+        "--redis-sentinel",
+        url.as_str(),
+        "--sentinel-master-url",
+        "redis://master/3",
+    ];
+    let third = demo(&flags).await;
+    let key = [("x-api-key", "judy")];
+    assert_eq!(get(third, "/a", &key).await.status, 200);
+    let keys = set
+        .master
+        .cli(&["-n", "3", "--scan", "--pattern", "*judy*"]);
+    assert!(!keys.is_empty(), "judy's budget in database 3");
 }
 
 /// A Redis that never answers: each fail mode, well within a second.
