@@ -1120,6 +1120,18 @@ async fn a_cluster_client_timing_out_on_one_master_alone_is_kept() {
 /// until it went on.
 #[tokio::test]
 async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
+    let (cluster, app, users, masters) = cluster_with_replicas_spread().await;
+    follows_the_promoted_replica(&cluster, &app, &users, &masters).await;
+}
+
+/// A Cluster with replicas, an app on every node as seeds (failing
+/// closed), and users spread over its masters (see `decided_spread`).
+async fn cluster_with_replicas_spread() -> (
+    support::redis_server::RedisCluster,
+    App,
+    Vec<String>,
+    Vec<usize>,
+) {
     let cluster = support::redis_server::RedisCluster::start_with_replicas();
     let app = app_with(
         RedisStore::builder().cluster(cluster.urls()),
@@ -1128,7 +1140,7 @@ async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
     )
     .await;
     let (users, masters) = decided_spread(&cluster, &app).await;
-    follows_the_promoted_replica(&cluster, &app, &users, &masters).await;
+    (cluster, app, users, masters)
 }
 
 /// The same with one seed, the master that hangs: the store's new client
@@ -1137,14 +1149,7 @@ async fn a_hung_cluster_masters_checks_follow_its_promoted_replica() {
 /// hangs).
 #[tokio::test]
 async fn a_hung_sole_seed_s_checks_follow_its_promoted_replica() {
-    let cluster = support::redis_server::RedisCluster::start_with_replicas();
-    let warm = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Closed,
-        true,
-    )
-    .await;
-    let (users, masters) = decided_spread(&cluster, &warm).await;
+    let (cluster, _warm, users, masters) = cluster_with_replicas_spread().await;
     let seed = cluster.nodes[masters[0]].url();
     let app = app_with(
         RedisStore::builder().cluster([seed]),

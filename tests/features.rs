@@ -1401,62 +1401,31 @@ async fn a_refund_gives_back_at_most_the_request_s_own_cost() {
     let refunding = Arc::new(AtomicBool::new(false));
     let on = refunding.clone();
     let app = App::with(one(Rule::new().minute(2)), MemoryStore::new(), move |l| {
-        l.cost(|head| {
-            head.headers
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        })
-        .adjust_on_response(move |_, _| on.load(Ordering::SeqCst).then_some(Adjustment::Refund(5)))
+        l.cost(support::cost_header)
+            .adjust_on_response(move |_, _| {
+                on.load(Ordering::SeqCst).then_some(Adjustment::Refund(5))
+            })
     });
-    let request = |user: &str, cost: &str| {
-        Request::builder()
-            .uri("/a")
-            .header("x-user", user)
-            .header("x-cost", cost)
-            .body(Body::empty())
-            .unwrap()
-    };
+    let send = |user: &str, cost: u32| app.send_request(support::costing("/a", user, cost));
     // Two paid requests fill the budget.
     for _ in 0..2 {
-        assert_eq!(
-            app.send_request(request("u", "1")).await.status,
-            StatusCode::OK
-        );
+        assert_eq!(send("u", 1).await.status, StatusCode::OK);
     }
-    assert_eq!(
-        app.send_request(request("u", "1")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(send("u", 1).await.status, StatusCode::TOO_MANY_REQUESTS);
     // A free request, refunded: nothing given back.
     refunding.store(true, Ordering::SeqCst);
-    assert_eq!(
-        app.send_request(request("u", "0")).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(send("u", 0).await.status, StatusCode::OK);
     refunding.store(false, Ordering::SeqCst);
-    assert_eq!(
-        app.send_request(request("u", "1")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(send("u", 1).await.status, StatusCode::TOO_MANY_REQUESTS);
     // A paid request refunded 5 gives back its own 1, not the one before.
-    assert_eq!(
-        app.send_request(request("v", "1")).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(send("v", 1).await.status, StatusCode::OK);
     refunding.store(true, Ordering::SeqCst);
-    assert_eq!(
-        app.send_request(request("v", "1")).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(send("v", 1).await.status, StatusCode::OK);
     refunding.store(false, Ordering::SeqCst);
-    let last = app.send_request(request("v", "1")).await;
+    let last = send("v", 1).await;
     assert_eq!(last.status, StatusCode::OK);
     assert_eq!(last.number("x-ratelimit-remaining"), 0);
-    assert_eq!(
-        app.send_request(request("v", "1")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(send("v", 1).await.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// A memory store whose adjustments wait for `gate` before they apply.

@@ -841,22 +841,33 @@ mod tests {
         assert_eq!(key_slot(b""), 0);
     }
 
-    #[test]
-    fn a_held_master_is_left_out_of_new_clients_seeds_until_well_after_it_moved() {
+    fn node(port: u16) -> Node {
+        ("127.0.0.1".to_owned(), port)
+    }
+
+    /// A watch whose seeds are the nodes at `ports`, named by `url`.
+    fn watch_of(ports: &[u16], url: impl Fn(u16) -> String) -> Arc<Watch> {
         use redis::IntoConnectionInfo;
-        let node = |port: u16| ("127.0.0.1".to_owned(), port);
-        let url = |port: u16| format!("redis://127.0.0.1:{port}");
-        let base = url(7000).as_str().into_connection_info().unwrap();
-        let seeds = vec![(url(7000), node(7000)), (url(7001), node(7001))];
-        let watch = Watch::new(base, seeds, Duration::from_millis(500), Duration::ZERO).unwrap();
-        // (Two masters, of the lower and upper half of the slots.)
-        let map = |nodes: Vec<Node>, held: Vec<bool>| Map {
+        let base = url(ports[0]).as_str().into_connection_info().unwrap();
+        let seeds = ports.iter().map(|&p| (url(p), node(p))).collect();
+        Watch::new(base, seeds, Duration::from_millis(500), Duration::ZERO).unwrap()
+    }
+
+    /// Two masters, of the lower and upper half of the slots.
+    fn map(nodes: Vec<Node>, held: Vec<bool>) -> Map {
+        Map {
             ranges: vec![(0, 8191, 0), (8192, 16383, 1)],
             asked: vec![true; nodes.len()],
             nodes,
             held,
             at: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_held_master_is_left_out_of_new_clients_seeds_until_well_after_it_moved() {
+        let url = |port: u16| format!("redis://127.0.0.1:{port}");
+        let watch = watch_of(&[7000, 7001], url);
         let lower = (0..)
             .map(|i| format!("k{i}"))
             .find(|k| key_slot(k.as_bytes()) < 8192)
@@ -883,19 +894,8 @@ mod tests {
     /// masters the slots name that answer, with the seed's settings.
     #[test]
     fn a_sole_seed_held_leaves_new_clients_the_masters_that_answer() {
-        use redis::IntoConnectionInfo;
-        let node = |port: u16| ("127.0.0.1".to_owned(), port);
         let url = |port: u16| format!("rediss://app:s3cret@127.0.0.1:{port}/0?insecure");
-        let base = url(7000).as_str().into_connection_info().unwrap();
-        let seeds = vec![(url(7000), node(7000))];
-        let watch = Watch::new(base, seeds, Duration::from_millis(500), Duration::ZERO).unwrap();
-        let map = |nodes: Vec<Node>, held: Vec<bool>| Map {
-            ranges: vec![(0, 8191, 0), (8192, 16383, 1)],
-            asked: vec![true; nodes.len()],
-            nodes,
-            held,
-            at: None,
-        };
+        let watch = watch_of(&[7000], url);
         assert_eq!(watch.answering_seeds(), None);
         assert!(watch.publish(map(vec![node(7000), node(7001)], vec![true, false])));
         assert_eq!(watch.answering_seeds(), Some(vec![url(7001)]));
