@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -40,7 +40,10 @@ pub enum FailMode {
     /// answer slower than 5 ms); a store that fails a check at once (a
     /// Cluster master it holds, a connection it knows is gone) is still
     /// asked for every check, so the budgets it answers for stay its own,
-    /// and only the failed checks are decided by the in-process store.
+    /// and only the failed checks are decided by the in-process store. A
+    /// store in parts ([`Store::failure_domain`]: the Redis store on a
+    /// Cluster, by master) is down part by part: a master that times out
+    /// sends only its own budgets to the in-process store.
     Fallback,
 }
 
@@ -718,38 +721,55 @@ impl RunState {
     }
 }
 
-/// [`FailMode::Fallback`]'s in-process store, and whether the real store is
-/// down.
+/// [`FailMode::Fallback`]'s in-process store, and which parts of the real
+/// store are down (see [`Store::failure_domain`]).
 #[derive(Debug)]
 pub(crate) struct Fallback {
     pub(crate) store: MemoryStore,
-    down: AtomicBool,
-    /// When the next probe of the real store may go (layer microseconds).
-    next_probe: AtomicU64,
+    /// Bit `d`: the part `d` (modulo [`PARTS`]) is down.
+    down: AtomicU64,
+    /// By part: when its next probe may go (layer microseconds).
+    next_probe: [AtomicU64; PARTS],
 }
 
-/// How often a down store is probed.
+/// How many parts of a store [`Fallback`] tells apart.
+const PARTS: usize = 64;
+
+/// How often a down part of a store is probed.
 const PROBE_EVERY: u64 = 500_000;
 
 impl Fallback {
     fn new() -> Self {
         Self {
             store: MemoryStore::new(),
-            down: AtomicBool::new(false),
-            next_probe: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            next_probe: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
-    /// Whether this request should skip the real store: it is down, and
-    /// this is not the one request allowed to probe it now.
-    pub(crate) fn bypass(&self, now: u64) -> bool {
-        if !self.down.load(Ordering::Acquire) {
+    /// The bit and slot of part `domain`.
+    fn part(domain: u32) -> (u64, usize) {
+        let index = domain as usize % PARTS;
+        (1 << index, index)
+    }
+
+    /// Whether this request should skip the real store: the part that
+    /// decides it (`domain`, asked only while some part is down) is down,
+    /// and this is not the one request allowed to probe it now.
+    pub(crate) fn bypass(&self, now: u64, domain: impl FnOnce() -> u32) -> bool {
+        if self.down.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let next = self.next_probe.load(Ordering::Relaxed);
+        let (bit, index) = Self::part(domain());
+        if self.down.load(Ordering::Acquire) & bit == 0 {
+            return false;
+        }
+        let Some(next_probe) = self.next_probe.get(index) else {
+            return false;
+        };
+        let next = next_probe.load(Ordering::Relaxed);
         let probe = now >= next
-            && self
-                .next_probe
+            && next_probe
                 .compare_exchange(
                     next,
                     now.saturating_add(PROBE_EVERY),
@@ -760,16 +780,34 @@ impl Fallback {
         !probe
     }
 
-    pub(crate) fn failed(&self, now: u64) {
-        if !self.down.swap(true, Ordering::AcqRel) {
-            self.next_probe
-                .store(now.saturating_add(PROBE_EVERY), Ordering::Relaxed);
+    /// The part `domain` failed a check after a wait: it is down.
+    pub(crate) fn failed(&self, now: u64, domain: u32) {
+        let (bit, index) = Self::part(domain);
+        if self.down.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+            if let Some(next_probe) = self.next_probe.get(index) {
+                next_probe.store(now.saturating_add(PROBE_EVERY), Ordering::Relaxed);
+            }
         }
     }
 
-    pub(crate) fn recovered(&self) {
-        if self.down.swap(false, Ordering::AcqRel) {
-            tracing::info!("rate-limit store answers again; leaving the fallback store");
+    /// The store decided a check: its part (`domain`, asked only while some
+    /// part is down) is up. (One load while none is down: no write to a
+    /// line every thread's requests share.)
+    pub(crate) fn recovered(&self, domain: impl FnOnce() -> u32) {
+        if self.down.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let domain = domain();
+        let (bit, _) = Self::part(domain);
+        if self.down.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+            match domain {
+                0 => tracing::info!("rate-limit store answers again; leaving the fallback store"),
+                part => tracing::info!(
+                    part,
+                    "a part of the rate-limit store (a Cluster master) answers again; \
+                     its budgets leave the fallback store"
+                ),
+            }
         }
     }
 }
@@ -847,5 +885,31 @@ mod gate_tests {
         assert_eq!(gate.pass(1_984_999), None);
         assert_eq!(gate.pass(1_985_000), Some(2));
         assert_eq!(gate.pass(1_985_001), None);
+    }
+}
+
+#[cfg(test)]
+mod fallback_tests {
+    use super::{Fallback, PROBE_EVERY};
+
+    /// A part that fails is skipped (but for one probe each
+    /// `PROBE_EVERY`); the other parts are asked, and their answers do not
+    /// bring the failed one back.
+    #[test]
+    fn a_failed_part_is_skipped_alone() {
+        let fallback = Fallback::new();
+        assert!(!fallback.bypass(0, || 3));
+        fallback.failed(10, 3);
+        assert!(fallback.bypass(20, || 3));
+        assert!(!fallback.bypass(20, || 4));
+        // (Parts are told apart modulo 64.)
+        assert!(fallback.bypass(20, || 67));
+        fallback.recovered(|| 4);
+        assert!(fallback.bypass(30, || 3));
+        // One probe when its time comes, then skipped again.
+        assert!(!fallback.bypass(10 + PROBE_EVERY, || 3));
+        assert!(fallback.bypass(11 + PROBE_EVERY, || 3));
+        fallback.recovered(|| 3);
+        assert!(!fallback.bypass(12 + PROBE_EVERY, || 3));
     }
 }

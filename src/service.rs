@@ -495,7 +495,7 @@ impl<St: Store, I> Shared<St, I> {
             }
         }
         if let Some(fallback) = self.state.fallback.as_ref() {
-            if fallback.bypass(self.now()) {
+            if fallback.bypass(self.now(), || self.store.failure_domain(&check)) {
                 let decision = fallback.store.decide_now(&check);
                 return self.on_decision(checked, &head.headers, Ok(decision), Outcome::Fallback);
             }
@@ -585,8 +585,8 @@ impl<St: Store, I> Shared<St, I> {
                 // (The fail mode, in the options at hand, tells whether
                 // there is a fallback before the run state is read.)
                 if via == Outcome::Allowed && options.fail_mode == FailMode::Fallback {
-                    if let Some(fallback) = &self.state.fallback {
-                        fallback.recovered();
+                    if let (Some(fallback), Some(check)) = (&self.state.fallback, &checked.retry) {
+                        fallback.recovered(|| self.store.failure_domain(check));
                     }
                 }
                 (decision, via)
@@ -649,7 +649,7 @@ impl<St: Store, I> Shared<St, I> {
                 // check alone decided by the fallback store.
                 let waited = checked.started.is_some_and(|s| s.elapsed() >= SLOW_FAILURE);
                 if waited || error.kind() == StoreErrorKind::Timeout {
-                    fallback.failed(self.now());
+                    fallback.failed(self.now(), self.store.failure_domain(check));
                 }
                 let decision = fallback.store.decide_now(check);
                 self.on_decision(checked, request, Ok(decision), Outcome::Fallback)

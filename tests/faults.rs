@@ -1047,6 +1047,48 @@ async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
     );
 }
 
+/// Under `FailMode::Fallback`, a Cluster master that stalls sends only its
+/// own budgets to the in-process store: its check times out and is decided
+/// there, and the other masters' budgets are still decided, and spent, on
+/// Redis. Before, that one timeout sent every budget to the in-process
+/// store until a probe, 500 ms on, reached a master that answers (each
+/// replica then limiting on its own).
+#[tokio::test]
+async fn a_stalled_cluster_master_sends_only_its_own_budgets_to_the_fallback() {
+    let cluster = support::redis_server::RedisCluster::start();
+    let app = app_with(
+        RedisStore::builder().cluster(cluster.urls()),
+        FailMode::Fallback,
+        true,
+    )
+    .await;
+    // (Each user has spent 1 of its 2 a minute on Redis.)
+    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 8000).await;
+    let reply = app.get("/x", &users[0]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(
+        reply.number("x-ratelimit-remaining"),
+        1,
+        "from memory: {reply:?}"
+    );
+    for (user, &master) in users.iter().zip(&masters) {
+        if master == stalled {
+            continue;
+        }
+        let reply = app.get("/x", user).await;
+        assert_eq!(reply.status, StatusCode::OK, "{user}: {reply:?}");
+        assert_eq!(
+            reply.number("x-ratelimit-remaining"),
+            0,
+            "{user} on master {master}, decided on Redis: {reply:?}"
+        );
+    }
+    assert!(
+        paused.elapsed() < Duration::from_secs(5),
+        "the machine stalled"
+    );
+}
+
 /// A caller's Cluster pool with one master stalled: the checks for it time
 /// out again and again, and the store looks for a new client from the
 /// pool, but keeps the one it holds (which still serves every other

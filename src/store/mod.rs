@@ -871,6 +871,23 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// The part of the store that decides `check`, for
+    /// [`FailMode::Fallback`](crate::FailMode::Fallback): a failure that
+    /// makes the layer skip the store for a while skips only the failed
+    /// check's part, and the checks of the other parts are still asked.
+    /// Parts are told apart by this number modulo 64. The default, 0, makes
+    /// the whole store one part; the Redis store on a Cluster (its own
+    /// client) answers by the master that serves the check's slot, so that
+    /// one master that hangs sends only its own budgets to the in-process
+    /// store.
+    ///
+    /// The layer asks only while some part is skipped, so a store may take
+    /// its time here (a lookup, an allocation).
+    fn failure_domain(&self, check: &CheckRef<'_>) -> u32 {
+        let _ = check;
+        0
+    }
+
     /// Applies `adjustment` to the user's budget of `check` (its budget,
     /// windows and algorithm, and the shape that picks where a store keeps
     /// them: give it the check the requests of that budget make; its cost
@@ -919,6 +936,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn always_decides_at_once(&self) -> bool {
         (**self).always_decides_at_once()
+    }
+
+    fn failure_domain(&self, check: &CheckRef<'_>) -> u32 {
+        (**self).failure_domain(check)
     }
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {

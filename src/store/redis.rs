@@ -183,7 +183,8 @@ use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script};
 use self::watch::Watch;
 use super::counters::{self, Slot};
 use super::{
-    AdjustFuture, Adjustment, Check, Decision, Store, StoreError, StoreErrorKind, WindowState,
+    AdjustFuture, Adjustment, Check, CheckRef, Decision, Store, StoreError, StoreErrorKind,
+    WindowState,
 };
 use crate::rules::{Algorithm, Window, MAX_WINDOWS};
 
@@ -3129,6 +3130,21 @@ impl RedisStore {
     }
 }
 
+/// The Cluster slot of a check's keys (they share it: see [`write_key`]),
+/// from their part up to the hash tag's end; `None` if that part holds no
+/// hash tag (an empty one), when the slot is the whole key's.
+fn check_slot(prefix: &str, check: &CheckRef<'_>) -> Option<u16> {
+    let tag = match &check.global {
+        Some(global) => global
+            .budget
+            .split_once(':')
+            .map_or(global.budget, |(tag, _)| tag),
+        None => check.budget,
+    };
+    let head = format!("{prefix}:{{{tag}}}:");
+    watch::tag_slot(head.as_bytes())
+}
+
 /// Writes one key of a check (see [`RedisStore::keys`]), piece by piece.
 fn write_key(prefix: &str, check: &Check, kind: KeyKind, mut put: impl FnMut(&str)) {
     let alg = suffix(check);
@@ -3898,6 +3914,22 @@ impl Store for RedisStore {
             check.global = None;
         }
         Box::pin(Self::run(self.inner.clone(), check))
+    }
+
+    /// On a Cluster (the store's own client): the master that serves the
+    /// check's slot now, as the store's watch of the masters last read the
+    /// slots (a number from its address, 1 to 63; 0 when the slot's master
+    /// is not known yet). One master that hangs then sends only its own
+    /// budgets to [`FailMode::Fallback`](crate::FailMode::Fallback)'s
+    /// in-process store; once its replica is promoted, its slots are
+    /// another part, asked again at once. Otherwise 0: the whole store.
+    fn failure_domain(&self, check: &CheckRef<'_>) -> u32 {
+        match &self.inner.backend {
+            Backend::Cluster(lazy) => lazy.watch.as_ref().map_or(0, |watch| {
+                check_slot(&self.inner.prefix, check).map_or(0, |slot| watch.domain_of(slot))
+            }),
+            _ => 0,
+        }
     }
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {

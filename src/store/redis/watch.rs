@@ -200,6 +200,20 @@ impl Watch {
         self.any_held() && self.held_at(slot).is_some()
     }
 
+    /// The failure domain of `slot` (see `Store::failure_domain`): its
+    /// master's, a number from its address (1 to 63), or 0 when the slots
+    /// read last name none for it.
+    pub(super) fn domain_of(&self, slot: u16) -> u32 {
+        let map = self.map.load();
+        let Some(node) = map.node_of(slot).and_then(|i| map.nodes.get(i)) else {
+            return 0;
+        };
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(node, &mut hasher);
+        // (63 parts, so the remainder fits: 1 to 63.)
+        (std::hash::Hasher::finish(&hasher) % 63) as u32 + 1
+    }
+
     /// The masters held now.
     pub(super) fn held_nodes(&self) -> Vec<Node> {
         match self.any_held() {
@@ -791,12 +805,22 @@ pub(super) fn name((host, port): &Node) -> String {
 /// between its first `{` and the next `}`, when there are some), or of the
 /// whole key, modulo 16,384.
 pub(super) fn key_slot(key: &[u8]) -> u16 {
-    let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// The slot of every key that starts with `head`, if `head` holds a hash
+/// tag (else the slot depends on the rest of the key).
+pub(super) fn tag_slot(head: &[u8]) -> Option<u16> {
+    hash_tag(head).map(|tag| crc16(tag) % SLOTS)
+}
+
+/// The bytes between `key`'s first `{` and the next `}`, if there are some.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    key.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = key.get(open + 1..)?;
         let close = rest.iter().position(|&b| b == b'}')?;
         rest.get(..close).filter(|tag| !tag.is_empty())
-    });
-    crc16(tag.unwrap_or(key)) % SLOTS
+    })
 }
 
 /// CRC16-CCITT (XMODEM), as Redis Cluster computes it.
@@ -839,6 +863,33 @@ mod tests {
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
         assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
         assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn a_keys_head_with_a_hash_tag_tells_its_slot() {
+        assert_eq!(
+            tag_slot(b"rl:{r1:alice}:"),
+            Some(key_slot(b"rl:{r1:alice}:p3"))
+        );
+        assert_eq!(tag_slot(b"a{b}c:{r1:alice}:"), Some(key_slot(b"b")));
+        // (No tag in the head: the rest of the key counts.)
+        assert_eq!(tag_slot(b"rl:{}:"), None);
+        assert_eq!(tag_slot(b"rl:{r1"), None);
+    }
+
+    #[test]
+    fn a_slot_s_failure_domain_is_its_master_s() {
+        let watch = watch_of(&[7000, 7001], |port| format!("redis://127.0.0.1:{port}"));
+        // (No slots read yet: no master known.)
+        assert_eq!(watch.domain_of(5), 0);
+        watch.map.store(Arc::new(map(
+            vec![node(7000), node(7001)],
+            vec![false, false],
+        )));
+        let (first, second) = (watch.domain_of(5), watch.domain_of(9000));
+        assert!((1..=63).contains(&first) && (1..=63).contains(&second));
+        assert_eq!(watch.domain_of(8191), first);
+        assert_eq!(watch.domain_of(16_383), second);
     }
 
     fn node(port: u16) -> Node {
