@@ -37,7 +37,8 @@
 //!
 //! 1. The path is matched against every route pattern in one pass; a path
 //!    that matches none passes through untouched (no identity call, no store
-//!    call, no headers).
+//!    call, no headers), and so does a request whose method no rule of the
+//!    matching routes is for (a `GET` where only a `POST` rule applies).
 //! 2. The identity function names the user and their group.
 //! 3. The first matching route with a rule for that group (and method)
 //!    applies; a rule without windows, or no rule at all, means unlimited.

@@ -848,6 +848,9 @@ struct RulesInner {
     routes: Box<[CompiledRoute]>,
     exclude_paths: Option<RegexSet>,
     exclude_methods: Box<[Method]>,
+    /// Whether some rule names methods: a route then matches a request
+    /// only if one of its rules is for the request's method.
+    by_method: bool,
     shadow: bool,
     headers: HeaderMode,
     warnings: Box<[ConfigWarning]>,
@@ -1018,7 +1021,39 @@ impl Rules {
         {
             return None;
         }
-        self.matching(path)
+        let found = self.matching(path)?;
+        if inner.by_method {
+            return self.for_method(found, method);
+        }
+        Some(found)
+    }
+
+    /// The routes among `found` with a rule for `method` (of any group):
+    /// a request no rule can limit is not identified (its identity may
+    /// fail: a `GET` without the API key only a `POST` rule needs).
+    /// (Out of line: most tables have no rule for some methods alone.)
+    #[inline(never)]
+    fn for_method(&self, found: Candidates, method: &Method) -> Option<Candidates> {
+        let routes = &self.inner.routes;
+        let serves = |i: usize| {
+            routes.get(i).is_some_and(|route| {
+                route
+                    .rules
+                    .iter()
+                    .any(|r| r.method.as_ref().is_none_or(|m| applies(m, method)))
+            })
+        };
+        match found {
+            Candidates::Mask(mask) => {
+                let kept = (0..64).filter(|&i| mask & (1 << i) != 0 && serves(i));
+                let kept = kept.fold(0u64, |kept, i| kept | 1 << i);
+                (kept != 0).then_some(Candidates::Mask(kept))
+            }
+            Candidates::Many(mut list) => {
+                list.retain(|&i| serves(i as usize));
+                (!list.is_empty()).then_some(Candidates::Many(list))
+            }
+        }
     }
 
     /// [`candidates`](Self::candidates) of a path with a `%`: the routes
@@ -1035,10 +1070,14 @@ impl Rules {
         if inner.excluded(method, path, Some(&decoded)) {
             return None;
         }
-        match (self.matching(path), self.matching(&decoded)) {
+        let found = match (self.matching(path), self.matching(&decoded)) {
             (Some(sent), Some(decoded)) => Some(sent.union(decoded)),
             (sent, decoded) => sent.or(decoded),
+        }?;
+        if inner.by_method {
+            return self.for_method(found, method);
         }
+        Some(found)
     }
 
     /// The routes whose pattern matches `path`.
@@ -1515,6 +1554,9 @@ impl RulesBuilder {
             exclude_paths.as_ref(),
             &exclude_methods,
         );
+        let by_method = routes
+            .iter()
+            .any(|route| route.rules.iter().any(|rule| rule.method.is_some()));
         Ok(Rules {
             inner: Arc::new(RulesInner {
                 set,
@@ -1522,6 +1564,7 @@ impl RulesBuilder {
                 routes: routes.into_boxed_slice(),
                 exclude_paths,
                 exclude_methods: exclude_methods.into_boxed_slice(),
+                by_method,
                 shadow: self.shadow,
                 headers: self.headers,
                 warnings: warnings.into_boxed_slice(),

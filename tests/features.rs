@@ -291,6 +291,56 @@ async fn a_later_route_applies_when_an_earlier_match_has_no_rule_for_the_request
     );
 }
 
+/// A request no rule can limit, as its method has none, is not identified:
+/// a `GET` without the user a `POST`-only rule needs passes (before, the
+/// identity ran first and its error answered 401), and the routes after
+/// such a route still limit it.
+#[tokio::test]
+async fn a_method_without_a_rule_is_neither_limited_nor_identified() {
+    let rules = Rules::builder()
+        .route("^/upload", [Rule::new().method("POST").minute(1)])
+        .route(
+            "^/both",
+            [
+                Rule::new().method("POST").minute(1),
+                Rule::group("gold").method("GET").minute(1),
+            ],
+        )
+        .route("^/", [Rule::new().method("DELETE").minute(1)])
+        .build()
+        .unwrap();
+    let app = App::new(rules, MemoryStore::new());
+    for _ in 0..3 {
+        let reply = app.send(http::Method::GET, "/upload", None, None).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        assert!(!reply.limited());
+    }
+    assert_eq!(app.identity_calls(), 0);
+    // A POST without a user is refused, one with a user limited.
+    let reply = app.send(http::Method::POST, "/upload", None, None).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let reply = app
+        .send(http::Method::POST, "/upload", Some(b"u"), None)
+        .await;
+    assert!(reply.status == StatusCode::OK && reply.limited());
+    // A GET on a route with a GET rule for some group is identified (the
+    // group decides), and limited in that group alone.
+    let reply = app.send(http::Method::GET, "/both", None, None).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let gold = app
+        .send(http::Method::GET, "/both", Some(b"g"), Some("gold"))
+        .await;
+    assert!(gold.limited());
+    assert!(!app.get("/both", "u").await.limited());
+    // A later route's rule for the method still applies.
+    app.send(http::Method::DELETE, "/upload", Some(b"u"), None)
+        .await;
+    let reply = app
+        .send(http::Method::DELETE, "/upload", Some(b"u"), None)
+        .await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
 #[tokio::test]
 async fn excluded_paths_and_methods_are_never_limited() {
     let rules = Rules::builder()
