@@ -812,20 +812,35 @@ impl Fallback {
     }
 }
 
-/// Lets through at most one store-failure warning per second, and at most
-/// one adjustment-failure warning per second (each kind its own, so that
-/// one never hides the other, and each says how many of its own kind it
-/// held back).
+/// Lets through at most one warning per second of each kind: a store's
+/// failure, an adjustment's, an identity's server error (each kind its
+/// own, so that one never hides another, and each says how many of its
+/// own kind it held back).
 #[derive(Debug, Default)]
 pub(crate) struct WarnGate {
     store: Gate,
     adjust: Gate,
+    identity: Gate,
 }
 
 impl WarnGate {
     pub(crate) fn store_failed(&self, error: &StoreError, mode: FailMode, now: u64) {
         if let Some(suppressed) = self.store.pass(now) {
             tracing::warn!(%error, ?mode, suppressed, "rate-limit store failed; applying fail mode");
+        }
+    }
+
+    /// An identity that failed with a server error (`500`: a server
+    /// without the peer address `ClientIp` needs, say), which every
+    /// request may then meet.
+    pub(crate) fn identity_failed(&self, error: &IdentityError, now: u64) {
+        if let Some(suppressed) = self.identity.pass(now) {
+            tracing::warn!(
+                status = error.status().as_u16(),
+                error = error.message(),
+                suppressed,
+                "rate-limit identity failed with a server error"
+            );
         }
     }
 

@@ -72,20 +72,23 @@
 //! `info`); `info` when shadow mode lets through a request it would deny, when a
 //! failing store answers again (leaving the fallback store), and when the
 //! Redis store reconnects or follows a new Sentinel master; `warn`, at
-//! most once a second, when the store fails a check or an adjustment.
+//! most once a second, when the store fails a check or an adjustment, and
+//! when the identity fails with a server error (a `500`: `ClientIp` on a
+//! server that does not give the peer address).
 //!
 //! Metrics (cargo feature `metrics`, through the `metrics` crate):
 //! `tower_ratelimit_requests_total{outcome}` with outcome `allowed`,
 //! `denied`, `denied_locally` (by the denial cache), `shadow_denied`,
 //! `fail_open`, `fail_closed`, `fallback` (allowed by the fallback store
-//! while the store is failing) or `fallback_denied`;
+//! while the store is failing), `fallback_denied` or `identity_error` (the
+//! identity failed: answered with its error, without a decision);
 //! `tower_ratelimit_near_limit_total`, the allowed requests after which a
 //! window had spent at least 80% of its limit (budgets about to be
 //! denied); `tower_ratelimit_store_errors_total` (failed checks and
 //! adjustments); and the histogram
-//! `tower_ratelimit_store_latency_seconds` (every call of an asynchronous
-//! store, failed ones included; not a call the client gave up on before it
-//! ended). Metrics carry no route label (a label per route pattern would
+//! `tower_ratelimit_store_latency_seconds` (every check an asynchronous
+//! store was asked, failed ones included; not a check the client gave up
+//! on before it ended, nor a penalty or refund). Metrics carry no route label (a label per route pattern would
 //! be unbounded for a table that grows): the `debug` events name the
 //! route.
 

@@ -14,6 +14,9 @@ pub(crate) enum Outcome {
     FailClosed,
     Fallback,
     FallbackDenied,
+    /// The identity failed: answered without a decision (counted, never
+    /// logged as a decision: see [`identity_error`]).
+    IdentityError,
 }
 
 impl Outcome {
@@ -27,6 +30,7 @@ impl Outcome {
             Outcome::FailClosed => "fail_closed",
             Outcome::Fallback => "fallback",
             Outcome::FallbackDenied => "fallback_denied",
+            Outcome::IdentityError => "identity_error",
         }
     }
 }
@@ -56,6 +60,7 @@ mod keys {
     outcome_key!(FAIL_CLOSED, FAIL_CLOSED_LABELS, "fail_closed");
     outcome_key!(FALLBACK, FALLBACK_LABELS, "fallback");
     outcome_key!(FALLBACK_DENIED, FALLBACK_DENIED_LABELS, "fallback_denied");
+    outcome_key!(IDENTITY_ERROR, IDENTITY_ERROR_LABELS, "identity_error");
     pub(super) static NEAR_LIMIT: Key = Key::from_static_name("tower_ratelimit_near_limit_total");
     pub(super) static STORE_ERRORS: Key =
         Key::from_static_name("tower_ratelimit_store_errors_total");
@@ -84,6 +89,7 @@ pub(crate) fn outcome(
             Outcome::FailClosed => &keys::FAIL_CLOSED,
             Outcome::Fallback => &keys::FALLBACK,
             Outcome::FallbackDenied => &keys::FALLBACK_DENIED,
+            Outcome::IdentityError => &keys::IDENTITY_ERROR,
         };
         metrics::with_recorder(|r| r.register_counter(key, &keys::METADATA).increment(1));
     }
@@ -101,6 +107,22 @@ pub(crate) fn outcome(
         let (remaining, latency) = details();
         log_outcome(route, budget, outcome, remaining, latency);
     }
+}
+
+/// Counts and logs one request whose identity failed (answered with
+/// `status`, without a decision).
+pub(crate) fn identity_error(status: http::StatusCode, message: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::with_recorder(|r| {
+        r.register_counter(&keys::IDENTITY_ERROR, &keys::METADATA)
+            .increment(1)
+    });
+    tracing::debug!(
+        status = status.as_u16(),
+        message,
+        outcome = Outcome::IdentityError.as_str(),
+        "rate limit identity failed"
+    );
 }
 
 /// The events of [`outcome`].

@@ -511,6 +511,10 @@ impl<St: Store, I> Shared<St, I> {
     #[cold]
     #[inline(never)]
     fn identity_failed(&self, head: &Parts, error: &IdentityError) -> Verdict<St::Future> {
+        observe::identity_error(error.status(), error.message());
+        if error.status().is_server_error() {
+            self.state.warnings.identity_failed(error, self.real_now());
+        }
         let response = match &self.options.on_identity_error {
             Some(f) => f(error),
             None if decision::is_grpc(&head.headers) => {

@@ -1140,6 +1140,9 @@ fn metrics_count_outcomes_and_store_latency() {
                 any.get("/a", "x").await;
                 any.advance(Duration::from_millis(1001));
             }
+            // An identity that fails: no decision, but counted.
+            let anonymous = near.send(http::Method::GET, "/a", None, None).await;
+            assert_eq!(anonymous.status, http::StatusCode::UNAUTHORIZED);
         });
     });
     let snapshot = snapshotter.snapshot().into_vec();
@@ -1174,6 +1177,10 @@ fn metrics_count_outcomes_and_store_latency() {
     );
     assert_eq!(
         counter("tower_ratelimit_requests_total", Some("fallback_denied")),
+        1
+    );
+    assert_eq!(
+        counter("tower_ratelimit_requests_total", Some("identity_error")),
         1
     );
     // (The fallback's second request did not ask the store: it probes it

@@ -130,6 +130,42 @@ fn store_failures_warn_once_a_second_without_the_user() {
     assert!(!text.contains("secret-api-key"), "{text}");
 }
 
+/// An identity that fails with a server error (`500`: here, the
+/// `x-fail-status` the test identity answers with) is reported at `warn`
+/// at most once a second; one that fails with a client's error (`401`, a
+/// missing user) is the client's doing, and is not.
+#[test]
+fn identity_server_errors_warn_once_a_second() {
+    let work = async {
+        let started = std::time::Instant::now();
+        let app = App::new(one(Rule::new().second(1)), MemoryStore::new());
+        for _ in 0..3 {
+            let reply = app.send(http::Method::GET, "/a", None, None).await;
+            assert_eq!(reply.status, 401);
+        }
+        for _ in 0..5 {
+            let request = http::Request::builder()
+                .uri("/a")
+                .header("x-fail-status", "500")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            assert_eq!(app.send_request(request).await.status, 500);
+        }
+        started.elapsed()
+    };
+    let (elapsed, text) = capture(tracing::Level::WARN, work);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty() && lines.len() <= 2, "{text}");
+    if elapsed < std::time::Duration::from_millis(900) {
+        assert_eq!(lines.len(), 1, "{text}");
+    }
+    assert!(
+        lines[0].contains("rate-limit identity failed with a server error"),
+        "{text}"
+    );
+    assert!(lines[0].contains("status=500"), "{text}");
+}
+
 /// A store that answers later (as Redis does), deciding on a memory store.
 #[derive(Clone)]
 struct Later(MemoryStore);
