@@ -42,8 +42,16 @@ pub fn total_calls(info: &str) -> f64 {
         .sum()
 }
 
-/// The median (sorts the values).
+/// The median (sorts the values): the middle one, or the mean of the two
+/// in the middle of an even count; 0 for none.
 pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
+    let n = values.len();
+    match (
+        values.get(n / 2),
+        n.checked_sub(1).and_then(|_| values.get((n - 1) / 2)),
+    ) {
+        (Some(high), Some(low)) => (high + low) / 2.0,
+        _ => 0.0,
+    }
 }
