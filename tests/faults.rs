@@ -109,6 +109,11 @@ async fn app_with(
     )
 }
 
+/// [`app_with`] on `cluster`, batched.
+async fn on_cluster(cluster: &support::redis_server::RedisCluster, mode: FailMode) -> App {
+    app_with(RedisStore::builder().cluster(cluster.urls()), mode, true).await
+}
+
 /// [`app_with`] on a store built already.
 fn app_on_store(store: RedisStore, mode: FailMode, batched: bool) -> App {
     let route = if batched {
@@ -596,12 +601,7 @@ async fn a_pooled_connection_closed_while_idle_is_replaced_too() {
 /// an error).
 async fn serving_cluster() -> (support::redis_server::RedisCluster, App) {
     let cluster = support::redis_server::RedisCluster::start();
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Open,
-        true,
-    )
-    .await;
+    let app = on_cluster(&cluster, FailMode::Open).await;
     let settled = Instant::now();
     for i in 0..2_000 {
         app.get("/x", &format!("warm{i}")).await;
@@ -1027,19 +1027,9 @@ async fn decided_around_a_stalled_master(
 #[tokio::test]
 async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
     let cluster = support::redis_server::RedisCluster::start();
-    let warm = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Open,
-        true,
-    )
-    .await;
+    let warm = on_cluster(&cluster, FailMode::Open).await;
     let (users, masters, stalled, paused) = stall_a_master(&cluster, &warm, 8000).await;
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Closed,
-        true,
-    )
-    .await;
+    let app = on_cluster(&cluster, FailMode::Closed).await;
     decided_around_a_stalled_master(&app, &users, &masters, stalled).await;
     assert!(
         paused.elapsed() < Duration::from_secs(5),
@@ -1056,12 +1046,7 @@ async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
 #[tokio::test]
 async fn a_stalled_cluster_master_sends_only_its_own_budgets_to_the_fallback() {
     let cluster = support::redis_server::RedisCluster::start();
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Fallback,
-        true,
-    )
-    .await;
+    let app = on_cluster(&cluster, FailMode::Fallback).await;
     // (Each user has spent 1 of its 2 a minute on Redis.)
     let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 8000).await;
     let reply = app.get("/x", &users[0]).await;
@@ -1129,12 +1114,7 @@ async fn a_cluster_pool_keeps_its_client_while_one_master_stalls() {
 #[tokio::test]
 async fn a_cluster_client_timing_out_on_one_master_alone_is_kept() {
     let cluster = support::redis_server::RedisCluster::start();
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Closed,
-        true,
-    )
-    .await;
+    let app = on_cluster(&cluster, FailMode::Closed).await;
     no_failover(&cluster);
     let (users, masters) = decided_spread(&cluster, &app).await;
     let stalled = masters[0];
@@ -1181,12 +1161,7 @@ async fn cluster_with_replicas_spread() -> (
     Vec<usize>,
 ) {
     let cluster = support::redis_server::RedisCluster::start_with_replicas();
-    let app = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Closed,
-        true,
-    )
-    .await;
+    let app = on_cluster(&cluster, FailMode::Closed).await;
     let (users, masters) = decided_spread(&cluster, &app).await;
     (cluster, app, users, masters)
 }
@@ -1266,12 +1241,7 @@ async fn follows_the_promoted_replica(
 async fn a_store_made_while_a_cluster_master_hangs_decides_on_the_others() {
     let cluster = support::redis_server::RedisCluster::start();
     no_failover(&cluster);
-    let warm = app_with(
-        RedisStore::builder().cluster(cluster.urls()),
-        FailMode::Open,
-        true,
-    )
-    .await;
+    let warm = on_cluster(&cluster, FailMode::Open).await;
     let (users, masters) = decided_spread(&cluster, &warm).await;
     let stalled = masters[0];
     let stopped = Stopped::new(cluster.nodes[stalled].pid().unwrap());

@@ -45,6 +45,9 @@ struct Map {
     /// By index in `nodes`: whether the round that made this map asked
     /// the master, and when it was put in use.
     asked: Vec<bool>,
+    /// By index in `nodes`: the master's failure domain (see
+    /// [`Watch::domain_of`]), given when the map is put in use.
+    domains: Vec<u32>,
     at: Option<tokio::time::Instant>,
 }
 
@@ -121,6 +124,9 @@ pub(super) struct Watch {
     /// When a held master's slots last moved to another master, if they
     /// did.
     moved_at: ArcSwapOption<tokio::time::Instant>,
+    /// The failure domain of each master a map has named: 1, 2, 3... in
+    /// the order they were first named (after 63, round again).
+    domains: std::sync::Mutex<HashMap<Node, u32>>,
     connect_timeout: Duration,
     answer_timeout: Duration,
 }
@@ -175,6 +181,7 @@ impl Watch {
             rounds: tokio::sync::watch::Sender::new(0),
             told_unmapped: AtomicBool::new(false),
             moved_at: ArcSwapOption::empty(),
+            domains: std::sync::Mutex::default(),
             connect_timeout,
             answer_timeout: timeout.saturating_mul(2).max(LEAST_ANSWER),
         }))
@@ -201,17 +208,31 @@ impl Watch {
     }
 
     /// The failure domain of `slot` (see `Store::failure_domain`): its
-    /// master's, a number from its address (1 to 63), or 0 when the slots
-    /// read last name none for it.
+    /// master's (1 to 63, each master its own until 63 have been seen;
+    /// a replica promoted in a master's place is another), or 0 when the
+    /// slots read last name none for it.
     pub(super) fn domain_of(&self, slot: u16) -> u32 {
         let map = self.map.load();
-        let Some(node) = map.node_of(slot).and_then(|i| map.nodes.get(i)) else {
-            return 0;
-        };
-        let mut hasher = std::hash::DefaultHasher::new();
-        std::hash::Hash::hash(node, &mut hasher);
-        // (63 parts, so the remainder fits: 1 to 63.)
-        (std::hash::Hasher::finish(&hasher) % 63) as u32 + 1
+        map.node_of(slot)
+            .and_then(|i| map.domains.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// `map`'s masters' failure domains.
+    fn give_domains(&self, map: &mut Map) {
+        let mut domains = self
+            .domains
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.domains = map
+            .nodes
+            .iter()
+            .map(|node| {
+                let next = u32::try_from(domains.len() % 63).unwrap_or(0) + 1;
+                *domains.entry(node.clone()).or_insert(next)
+            })
+            .collect();
     }
 
     /// The masters held now.
@@ -418,6 +439,7 @@ impl Watch {
     fn publish(&self, mut map: Map) -> bool {
         let old = self.map.load();
         map.at = Some(tokio::time::Instant::now());
+        self.give_domains(&mut map);
         for node in map.held_nodes() {
             if !old.held_nodes().any(|n| n == node) {
                 tracing::warn!(
@@ -882,14 +904,13 @@ mod tests {
         let watch = watch_of(&[7000, 7001], |port| format!("redis://127.0.0.1:{port}"));
         // (No slots read yet: no master known.)
         assert_eq!(watch.domain_of(5), 0);
-        watch.map.store(Arc::new(map(
-            vec![node(7000), node(7001)],
-            vec![false, false],
-        )));
-        let (first, second) = (watch.domain_of(5), watch.domain_of(9000));
-        assert!((1..=63).contains(&first) && (1..=63).contains(&second));
-        assert_eq!(watch.domain_of(8191), first);
-        assert_eq!(watch.domain_of(16_383), second);
+        watch.publish(map(vec![node(7000), node(7001)], vec![false, false]));
+        assert_eq!((watch.domain_of(5), watch.domain_of(8191)), (1, 1));
+        assert_eq!((watch.domain_of(9000), watch.domain_of(16_383)), (2, 2));
+        // A replica promoted in the second's place is a domain of its own;
+        // the first keeps its.
+        watch.publish(map(vec![node(7000), node(7002)], vec![false, false]));
+        assert_eq!((watch.domain_of(5), watch.domain_of(9000)), (1, 3));
     }
 
     fn node(port: u16) -> Node {
@@ -909,6 +930,7 @@ mod tests {
         Map {
             ranges: vec![(0, 8191, 0), (8192, 16383, 1)],
             asked: vec![true; nodes.len()],
+            domains: Vec::new(),
             nodes,
             held,
             at: None,
