@@ -88,9 +88,9 @@
 //! adjustments); and the histogram
 //! `tower_ratelimit_store_latency_seconds` (every check an asynchronous
 //! store was asked, failed ones included; not a check the client gave up
-//! on before it ended, nor a penalty or refund). Metrics carry no route label (a label per route pattern would
-//! be unbounded for a table that grows): the `debug` events name the
-//! route.
+//! on before it ended, nor a penalty or refund). Metrics carry no route
+//! label (a label per route pattern would be unbounded for a table that
+//! grows): the `debug` events name the route.
 
 #![forbid(unsafe_code)]
 // Nothing on a request path may panic; tests may unwrap.

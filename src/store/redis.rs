@@ -3918,8 +3918,8 @@ impl Store for RedisStore {
 
     /// On a Cluster (the store's own client): the master that serves the
     /// check's slot now, as the store's watch of the masters last read the
-    /// slots (a number from its address, 1 to 63; 0 when the slot's master
-    /// is not known yet). One master that hangs then sends only its own
+    /// slots (1 to 63, each master numbered as the watch first names it; 0
+    /// when the slot's master is not known yet). One master that hangs then sends only its own
     /// budgets to [`FailMode::Fallback`](crate::FailMode::Fallback)'s
     /// in-process store; once its replica is promoted, its slots are
     /// another part, asked again at once. Otherwise 0: the whole store.
