@@ -780,32 +780,54 @@ impl Fallback {
         !probe
     }
 
-    /// The part `domain` failed a check after a wait: it is down.
-    pub(crate) fn failed(&self, now: u64, domain: u32) {
+    /// The part `domain` (`name`: what it is, if the store says) failed a
+    /// check after a wait: it is down.
+    pub(crate) fn failed(&self, now: u64, domain: u32, name: impl FnOnce() -> Option<String>) {
         let (bit, index) = Self::part(domain);
         if self.down.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
             if let Some(next_probe) = self.next_probe.get(index) {
                 next_probe.store(now.saturating_add(PROBE_EVERY), Ordering::Relaxed);
             }
+            match (domain, name()) {
+                (0, None) => tracing::warn!(
+                    "rate-limit store down: the fallback store decides until a probe \
+                     (one request every 500 ms) is answered"
+                ),
+                (part, name) => tracing::warn!(
+                    part,
+                    store = name.as_deref().unwrap_or("-"),
+                    "a part of the rate-limit store is down: its budgets go to the fallback \
+                     store until a probe (one of their requests every 500 ms) is answered"
+                ),
+            }
         }
     }
 
     /// The store decided a check: its part (`domain`, asked only while some
-    /// part is down) is up. (One load while none is down: no write to a
-    /// line every thread's requests share.)
-    pub(crate) fn recovered(&self, domain: impl FnOnce() -> u32) {
+    /// part is down; `name`: what it is) is up. (One load while none is
+    /// down: no write to a line every thread's requests share.) Logged as
+    /// it is seen: at the part's first check decided by the store, a probe
+    /// or, once the store fails at once no more, any check.
+    pub(crate) fn recovered(
+        &self,
+        domain: impl FnOnce() -> u32,
+        name: impl FnOnce(u32) -> Option<String>,
+    ) {
         if self.down.load(Ordering::Acquire) == 0 {
             return;
         }
         let domain = domain();
         let (bit, _) = Self::part(domain);
         if self.down.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
-            match domain {
-                0 => tracing::info!("rate-limit store answers again; leaving the fallback store"),
-                part => tracing::info!(
+            match (domain, name(domain)) {
+                (0, None) => {
+                    tracing::info!("rate-limit store answers again; leaving the fallback store")
+                }
+                (part, name) => tracing::info!(
                     part,
-                    "a part of the rate-limit store (a Cluster master) answers again; \
-                     its budgets leave the fallback store"
+                    store = name.as_deref().unwrap_or("-"),
+                    "a part of the rate-limit store answers again; its budgets leave the \
+                     fallback store"
                 ),
             }
         }
@@ -913,18 +935,19 @@ mod fallback_tests {
     #[test]
     fn a_failed_part_is_skipped_alone() {
         let fallback = Fallback::new();
+        let unnamed = |_| None;
         assert!(!fallback.bypass(0, || 3));
-        fallback.failed(10, 3);
+        fallback.failed(10, 3, || None);
         assert!(fallback.bypass(20, || 3));
         assert!(!fallback.bypass(20, || 4));
         // (Parts are told apart modulo 64.)
         assert!(fallback.bypass(20, || 67));
-        fallback.recovered(|| 4);
+        fallback.recovered(|| 4, unnamed);
         assert!(fallback.bypass(30, || 3));
         // One probe when its time comes, then skipped again.
         assert!(!fallback.bypass(10 + PROBE_EVERY, || 3));
         assert!(fallback.bypass(11 + PROBE_EVERY, || 3));
-        fallback.recovered(|| 3);
+        fallback.recovered(|| 3, unnamed);
         assert!(!fallback.bypass(12 + PROBE_EVERY, || 3));
     }
 }

@@ -590,7 +590,10 @@ impl<St: Store, I> Shared<St, I> {
                 // there is a fallback before the run state is read.)
                 if via == Outcome::Allowed && options.fail_mode == FailMode::Fallback {
                     if let (Some(fallback), Some(check)) = (&self.state.fallback, &checked.retry) {
-                        fallback.recovered(|| self.store.failure_domain(check));
+                        fallback.recovered(
+                            || self.store.failure_domain(check),
+                            |domain| self.store.failure_domain_name(domain),
+                        );
                     }
                 }
                 (decision, via)
@@ -653,7 +656,10 @@ impl<St: Store, I> Shared<St, I> {
                 // check alone decided by the fallback store.
                 let waited = checked.started.is_some_and(|s| s.elapsed() >= SLOW_FAILURE);
                 if waited || error.kind() == StoreErrorKind::Timeout {
-                    fallback.failed(self.now(), self.store.failure_domain(check));
+                    let domain = self.store.failure_domain(check);
+                    fallback.failed(self.now(), domain, || {
+                        self.store.failure_domain_name(domain)
+                    });
                 }
                 let decision = fallback.store.decide_now(check);
                 self.on_decision(checked, request, Ok(decision), Outcome::Fallback)

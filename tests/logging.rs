@@ -191,6 +191,76 @@ impl tower_ratelimit::Store for Later {
     }
 }
 
+/// A store of two parts (`failure_domain`): user `d`'s, part 7, times out
+/// while `down` is set; the others', part 2, answer.
+#[derive(Clone, Default)]
+struct Parted {
+    memory: MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tower_ratelimit::Store for Parted {
+    type Future =
+        std::future::Ready<Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>>;
+
+    fn check(&self, check: tower_ratelimit::Check) -> Self::Future {
+        if check.budget.ends_with(":d") && self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return std::future::ready(Err(tower_ratelimit::StoreError::new(
+                tower_ratelimit::StoreErrorKind::Timeout,
+                "timed out",
+            )));
+        }
+        self.memory.check(check)
+    }
+
+    fn failure_domain(&self, check: &tower_ratelimit::CheckRef<'_>) -> u32 {
+        if check.budget.ends_with(":d") {
+            7
+        } else {
+            2
+        }
+    }
+
+    fn failure_domain_name(&self, domain: u32) -> Option<String> {
+        Some(format!("shard {domain}"))
+    }
+}
+
+/// Under `FailMode::Fallback`, a part of the store that goes down is named
+/// at `warn` as it goes, and at `info` as its first check is decided by the
+/// store again; the other parts' checks say nothing.
+#[test]
+fn a_part_of_the_store_down_and_back_is_named() {
+    let work = async {
+        let store = Parted::default();
+        let app = App::with(one(Rule::new().second(100)), store.clone(), |l| {
+            l.fail_mode(tower_ratelimit::FailMode::Fallback)
+        });
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        for user in ["d", "u", "d", "u"] {
+            assert_eq!(app.get("/a", user).await.status, 200);
+        }
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        // (The next probe of part 7 goes 500 ms on, on the layer's clock.)
+        app.advance(std::time::Duration::from_millis(510));
+        assert_eq!(app.get("/a", "d").await.status, 200);
+    };
+    let ((), text) = capture(tracing::Level::INFO, work);
+    let down: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("a part of the rate-limit store is down"))
+        .collect();
+    assert_eq!(down.len(), 1, "{text}");
+    assert!(down[0].contains("part=7 store=\"shard 7\""), "{text}");
+    let back: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("answers again"))
+        .collect();
+    assert_eq!(back.len(), 1, "{text}");
+    assert!(back[0].contains("part=7 store=\"shard 7\""), "{text}");
+    assert!(!text.contains("part=2"), "{text}");
+}
+
 /// The decision event carries the route, the outcome, the remaining count
 /// and, when an asynchronous store was asked, how long it took.
 #[test]

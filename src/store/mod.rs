@@ -888,6 +888,15 @@ pub trait Store: Send + Sync + 'static {
         0
     }
 
+    /// What part `domain` of [`failure_domain`](Self::failure_domain) is,
+    /// for the layer's log lines when it goes down and comes back (the
+    /// Redis store on a Cluster: `redis cluster master 10.0.0.7:6379`).
+    /// The default, `None`, leaves the part's number alone.
+    fn failure_domain_name(&self, domain: u32) -> Option<String> {
+        let _ = domain;
+        None
+    }
+
     /// Applies `adjustment` to the user's budget of `check` (its budget,
     /// windows and algorithm, and the shape that picks where a store keeps
     /// them: give it the check the requests of that budget make; its cost
@@ -940,6 +949,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn failure_domain(&self, check: &CheckRef<'_>) -> u32 {
         (**self).failure_domain(check)
+    }
+
+    fn failure_domain_name(&self, domain: u32) -> Option<String> {
+        (**self).failure_domain_name(domain)
     }
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {

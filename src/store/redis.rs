@@ -3932,6 +3932,18 @@ impl Store for RedisStore {
         }
     }
 
+    /// The Cluster master of `domain`: `redis cluster master HOST:PORT`.
+    fn failure_domain_name(&self, domain: u32) -> Option<String> {
+        match &self.inner.backend {
+            Backend::Cluster(lazy) => lazy
+                .watch
+                .as_ref()?
+                .domain_node(domain)
+                .map(|node| format!("redis cluster master {}", watch::name(&node))),
+            _ => None,
+        }
+    }
+
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
         if let Err(error) = check.as_ref().shape_supported() {
             return Box::pin(std::future::ready(Err(error)));

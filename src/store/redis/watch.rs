@@ -219,6 +219,25 @@ impl Watch {
             .unwrap_or(0)
     }
 
+    /// The master of failure domain `domain` (the last one given it).
+    pub(super) fn domain_node(&self, domain: u32) -> Option<Node> {
+        let domains = self
+            .domains
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = self.map.load();
+        // (The master the slots name now first, of those given `domain`.)
+        map.nodes
+            .iter()
+            .find(|node| domains.get(*node) == Some(&domain))
+            .or_else(|| {
+                domains
+                    .iter()
+                    .find_map(|(node, &d)| (d == domain).then_some(node))
+            })
+            .cloned()
+    }
+
     /// `map`'s masters' failure domains.
     fn give_domains(&self, map: &mut Map) {
         let mut domains = self
@@ -911,6 +930,9 @@ mod tests {
         // the first keeps its.
         watch.publish(map(vec![node(7000), node(7002)], vec![false, false]));
         assert_eq!((watch.domain_of(5), watch.domain_of(9000)), (1, 3));
+        assert_eq!(watch.domain_node(3), Some(node(7002)));
+        assert_eq!(watch.domain_node(2), Some(node(7001)));
+        assert_eq!(watch.domain_node(4), None);
     }
 
     fn node(port: u16) -> Node {
