@@ -730,7 +730,17 @@ pub(crate) struct Fallback {
     down: AtomicU64,
     /// By part: when its next probe may go (layer microseconds).
     next_probe: [AtomicU64; PARTS],
+    /// By part: when a check of it was last seen while it was down (layer
+    /// microseconds, plus one: 0 for never).
+    asked: [AtomicU64; PARTS],
+    /// When the down parts are next looked over (see [`Self::sweep`]).
+    next_sweep: AtomicU64,
 }
+
+/// How long a down part no check has asked for stays down: a part can be
+/// gone for good (a Cluster master whose replica took its slots), and its
+/// bit set would make every check ask the store for its part.
+const FORGET_AFTER: u64 = 2_000_000;
 
 /// How many parts of a store [`Fallback`] tells apart.
 const PARTS: usize = 64;
@@ -744,6 +754,53 @@ impl Fallback {
             store: MemoryStore::new(),
             down: AtomicU64::new(0),
             next_probe: std::array::from_fn(|_| AtomicU64::new(0)),
+            asked: std::array::from_fn(|_| AtomicU64::new(0)),
+            next_sweep: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that a check of part `index` came while it was down (a store
+    /// to its line at most every 100 ms).
+    fn seen(&self, index: usize, now: u64) {
+        if let Some(asked) = self.asked.get(index) {
+            if asked.load(Ordering::Relaxed).saturating_add(100_000) <= now {
+                asked.store(now.saturating_add(1), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Every [`FORGET_AFTER`] at most, by one check: the down parts no
+    /// check has asked for in that long are up again (gone, or quiet: the
+    /// next check of a quiet one that is still down waits once, and marks
+    /// it down again).
+    fn sweep(&self, now: u64) {
+        let next = self.next_sweep.load(Ordering::Relaxed);
+        if now < next
+            || self
+                .next_sweep
+                .compare_exchange(
+                    next,
+                    now.saturating_add(FORGET_AFTER),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let down = self.down.load(Ordering::Acquire);
+        for (index, asked) in self.asked.iter().enumerate() {
+            let bit = 1u64 << index;
+            if down & bit != 0
+                && asked.load(Ordering::Relaxed).saturating_add(FORGET_AFTER) <= now
+                && self.down.fetch_and(!bit, Ordering::AcqRel) & bit != 0
+            {
+                tracing::info!(
+                    part = index,
+                    "no check has asked for a part of the rate-limit store that was down \
+                     in 2 s: it is asked again"
+                );
+            }
         }
     }
 
@@ -760,10 +817,12 @@ impl Fallback {
         if self.down.load(Ordering::Acquire) == 0 {
             return false;
         }
+        self.sweep(now);
         let (bit, index) = Self::part(domain());
         if self.down.load(Ordering::Acquire) & bit == 0 {
             return false;
         }
+        self.seen(index, now);
         let Some(next_probe) = self.next_probe.get(index) else {
             return false;
         };
@@ -784,6 +843,7 @@ impl Fallback {
     /// check after a wait: it is down.
     pub(crate) fn failed(&self, now: u64, domain: u32, name: impl FnOnce() -> Option<String>) {
         let (bit, index) = Self::part(domain);
+        self.seen(index, now);
         if self.down.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
             if let Some(next_probe) = self.next_probe.get(index) {
                 next_probe.store(now.saturating_add(PROBE_EVERY), Ordering::Relaxed);
@@ -927,7 +987,7 @@ mod gate_tests {
 
 #[cfg(test)]
 mod fallback_tests {
-    use super::{Fallback, PROBE_EVERY};
+    use super::{Fallback, FORGET_AFTER, PROBE_EVERY};
 
     /// A part that fails is skipped (but for one probe each
     /// `PROBE_EVERY`); the other parts are asked, and their answers do not
@@ -949,5 +1009,27 @@ mod fallback_tests {
         assert!(fallback.bypass(11 + PROBE_EVERY, || 3));
         fallback.recovered(|| 3, unnamed);
         assert!(!fallback.bypass(12 + PROBE_EVERY, || 3));
+    }
+
+    /// A down part no check asks for (a Cluster master whose slots moved)
+    /// is up again after `FORGET_AFTER`, so that the others' checks stop
+    /// asking the store for their part; one that is asked for stays down.
+    #[test]
+    fn a_down_part_no_check_asks_for_is_forgotten() {
+        let fallback = Fallback::new();
+        fallback.failed(0, 5, || None);
+        fallback.failed(0, 6, || None);
+        // Part 6's checks keep coming (the first a probe); part 5's stop.
+        assert!(fallback.bypass(1_000, || 6));
+        assert!(!fallback.bypass(FORGET_AFTER - 500_000, || 6), "a probe");
+        assert!(fallback.bypass(FORGET_AFTER - 400_000, || 6));
+        // The first check after FORGET_AFTER looks the parts over.
+        let now = FORGET_AFTER + 1_000;
+        let _ = fallback.bypass(now, || 6);
+        assert!(fallback.bypass(now, || 6), "part 6 still down");
+        assert!(!fallback.bypass(now, || 5), "part 5 forgotten");
+        // Once no part is down, a check asks nothing.
+        fallback.recovered(|| 6, |_| None);
+        assert!(!fallback.bypass(now, || panic!("asked for its part")));
     }
 }

@@ -237,7 +237,9 @@ pub struct IdentityError {
 }
 
 impl IdentityError {
-    /// An error answered with `401 Unauthorized`.
+    /// An error answered with `401 Unauthorized`. The message is the
+    /// response's detail, sent to the client, and logged (at `debug`, and
+    /// at `warn` for a server error): keep secrets out of it.
     pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             message: message.into(),

@@ -882,7 +882,12 @@ pub trait Store: Send + Sync + 'static {
     /// store.
     ///
     /// The layer asks only while some part is skipped, so a store may take
-    /// its time here (a lookup, an allocation).
+    /// its time here (a lookup, an allocation). A part is skipped when a
+    /// check of it failed after a wait, whichever node the check went to
+    /// (a Cluster client that still sends a promoted replica's slots to
+    /// the master that hangs: the part is unreachable, for this store),
+    /// until a probe is answered, or until no check has asked for it in
+    /// 2 s (a part that is gone).
     fn failure_domain(&self, check: &CheckRef<'_>) -> u32 {
         let _ = check;
         0

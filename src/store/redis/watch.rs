@@ -124,11 +124,20 @@ pub(super) struct Watch {
     /// When a held master's slots last moved to another master, if they
     /// did.
     moved_at: ArcSwapOption<tokio::time::Instant>,
-    /// The failure domain of each master a map has named: 1, 2, 3... in
-    /// the order they were first named (after 63, round again).
-    domains: std::sync::Mutex<HashMap<Node, u32>>,
+    /// The failure domain of each master the slots name (see
+    /// [`give_domains`](Self::give_domains)).
+    domains: std::sync::Mutex<Domains>,
     connect_timeout: Duration,
     answer_timeout: Duration,
+}
+
+/// The failure domains of a Cluster's masters (see
+/// [`Watch::give_domains`]).
+#[derive(Default)]
+struct Domains {
+    of: HashMap<Node, u32>,
+    /// Where the next new master's number is looked for from.
+    next: u32,
 }
 
 /// The watch task's own: its connections, by node, and when it last
@@ -219,37 +228,51 @@ impl Watch {
             .unwrap_or(0)
     }
 
-    /// The master of failure domain `domain` (the last one given it).
+    /// The master of failure domain `domain`, if the slots name one.
     pub(super) fn domain_node(&self, domain: u32) -> Option<Node> {
         let domains = self
             .domains
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let map = self.map.load();
-        // (The master the slots name now first, of those given `domain`.)
-        map.nodes
+        domains
+            .of
             .iter()
-            .find(|node| domains.get(*node) == Some(&domain))
-            .or_else(|| {
-                domains
-                    .iter()
-                    .find_map(|(node, &d)| (d == domain).then_some(node))
-            })
-            .cloned()
+            .find_map(|(node, &d)| (d == domain).then(|| node.clone()))
     }
 
-    /// `map`'s masters' failure domains.
+    /// `map`'s masters' failure domains: each keeps its own while the
+    /// slots name it; a new one takes the next number from 1 to 63 round
+    /// and round that no master of the map holds (so a replica promoted in
+    /// a master's place is another part, and none shares a live master's
+    /// until a Cluster has more than 63 masters); one the slots no longer
+    /// name is forgotten.
     fn give_domains(&self, map: &mut Map) {
         let mut domains = self
             .domains
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Domains { of, next } = &mut *domains;
+        of.retain(|node, _| map.nodes.contains(node));
+        let mut used: u64 = of.values().fold(0, |used, &d| used | 1 << (d % 64));
         map.domains = map
             .nodes
             .iter()
             .map(|node| {
-                let next = u32::try_from(domains.len() % 63).unwrap_or(0) + 1;
-                *domains.entry(node.clone()).or_insert(next)
+                if let Some(&d) = of.get(node) {
+                    return d;
+                }
+                let mut d = *next % 63 + 1;
+                for _ in 0..63 {
+                    if used & 1 << d == 0 {
+                        break;
+                    }
+                    *next = next.wrapping_add(1);
+                    d = *next % 63 + 1;
+                }
+                *next = next.wrapping_add(1);
+                used |= 1 << d;
+                of.insert(node.clone(), d);
+                d
             })
             .collect();
     }
@@ -931,8 +954,21 @@ mod tests {
         watch.publish(map(vec![node(7000), node(7002)], vec![false, false]));
         assert_eq!((watch.domain_of(5), watch.domain_of(9000)), (1, 3));
         assert_eq!(watch.domain_node(3), Some(node(7002)));
-        assert_eq!(watch.domain_node(2), Some(node(7001)));
-        assert_eq!(watch.domain_node(4), None);
+        // (The master the slots no longer name is forgotten.)
+        assert_eq!(watch.domain_node(2), None);
+        // Numbers go round, never to a master the slots name: 63 masters,
+        // each a number of its own (the forgotten master's 2 among them).
+        let mut nodes = vec![node(7000), node(7002)];
+        nodes.extend((0..61).map(|i| node(8000 + i)));
+        let count = nodes.len();
+        let mut many = map(nodes, vec![false; count]);
+        many.ranges = vec![(0, 16_383, 0)];
+        watch.publish(many);
+        let mut given = watch.map.load().domains.clone();
+        given.sort_unstable();
+        given.dedup();
+        assert_eq!(given.len(), 63);
+        assert!(given.iter().all(|d| (1..=63).contains(d)));
     }
 
     fn node(port: u16) -> Node {
