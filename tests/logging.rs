@@ -246,18 +246,10 @@ fn a_part_of_the_store_down_and_back_is_named() {
         assert_eq!(app.get("/a", "d").await.status, 200);
     };
     let ((), text) = capture(tracing::Level::INFO, work);
-    let down: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("a part of the rate-limit store is down"))
-        .collect();
-    assert_eq!(down.len(), 1, "{text}");
-    assert!(down[0].contains("part=7 store=\"shard 7\""), "{text}");
-    let back: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("answers again"))
-        .collect();
-    assert_eq!(back.len(), 1, "{text}");
-    assert!(back[0].contains("part=7 store=\"shard 7\""), "{text}");
+    let down = only_line(&text, "a part of the rate-limit store is down");
+    assert!(down.contains("part=7 store=\"shard 7\""), "{text}");
+    let back = only_line(&text, "answers again");
+    assert!(back.contains("part=7 store=\"shard 7\""), "{text}");
     assert!(!text.contains("part=2"), "{text}");
 }
 
@@ -338,10 +330,13 @@ fn a_server_that_answers_moved_is_named_a_cluster_node_once() {
         assert!(store.check(check("here")).await.unwrap().allowed());
     };
     let ((), text) = capture(tracing::Level::ERROR, work);
-    let told: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("answers MOVED"))
-        .collect();
-    assert_eq!(told.len(), 1, "{text}");
-    assert!(told[0].contains("`cluster(..)`"), "{text}");
+    let told = only_line(&text, "answers MOVED");
+    assert!(told.contains("`cluster(..)`"), "{text}");
+}
+
+/// The one line of `text` that holds `needle` (there must be exactly one).
+fn only_line<'a>(text: &'a str, needle: &str) -> &'a str {
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+    assert_eq!(lines.len(), 1, "{needle}: {text}");
+    lines[0]
 }
