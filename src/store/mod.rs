@@ -88,10 +88,13 @@ impl GlobalCheck {
 
     /// The hash tag shared by every key of a check with this global part.
     pub fn tag(&self) -> &str {
-        self.budget
-            .split_once(':')
-            .map_or(&*self.budget, |(tag, _)| tag)
+        route_tag(&self.budget)
     }
+}
+
+/// The hash tag of a route-wide budget (see [`GlobalCheck::tag`]).
+fn route_tag(budget: &str) -> &str {
+    budget.split_once(':').map_or(budget, |(tag, _)| tag)
 }
 
 /// `windows` shortest first, each length once: two limits on one length
@@ -392,6 +395,14 @@ pub struct GlobalRef<'a> {
     /// Its windows, shortest first, each length once (as
     /// [`GlobalCheck::new`] puts them; a store refuses a check otherwise).
     pub windows: &'a [Window],
+}
+
+impl<'a> GlobalRef<'a> {
+    /// The hash tag shared by every key of a check with this global part
+    /// (as [`GlobalCheck::tag`]).
+    pub fn tag(&self) -> &'a str {
+        route_tag(self.budget)
+    }
 }
 
 /// The state of one window after a check.

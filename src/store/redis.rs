@@ -3134,13 +3134,7 @@ impl RedisStore {
 /// from their part up to the hash tag's end; `None` if that part holds no
 /// hash tag (an empty one), when the slot is the whole key's.
 fn check_slot(prefix: &str, check: &CheckRef<'_>) -> Option<u16> {
-    let tag = match &check.global {
-        Some(global) => global
-            .budget
-            .split_once(':')
-            .map_or(global.budget, |(tag, _)| tag),
-        None => check.budget,
-    };
+    let tag = check.global.map_or(check.budget, |global| global.tag());
     let head = format!("{prefix}:{{{tag}}}:");
     watch::tag_slot(head.as_bytes())
 }

@@ -842,22 +842,18 @@ fn parse_slots(answer: Value, asked: &str) -> Option<Map> {
     Some(map)
 }
 
-/// `host:port`, or `[host]:port` for an IPv6 address.
 /// `url` (`redis[s]://[user[:password]@]host[:port][/db][?...]`) with
 /// `node` as its host and port, the rest kept; `None` for a URL without
 /// `://`.
-fn url_at(url: &str, (host, port): &Node) -> Option<String> {
+fn url_at(url: &str, node: &Node) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let user = authority.rfind('@').map_or("", |at| &authority[..=at]);
-    let host = match host.contains(':') {
-        true => format!("[{host}]"),
-        false => host.clone(),
-    };
-    Some(format!("{scheme}://{user}{host}:{port}{tail}"))
+    Some(format!("{scheme}://{user}{}{tail}", name(node)))
 }
 
+/// `host:port`, or `[host]:port` for an IPv6 address.
 pub(super) fn name((host, port): &Node) -> String {
     match host.contains(':') {
         true => format!("[{host}]:{port}"),
