@@ -916,6 +916,45 @@ async fn checks_redis_runs_after_a_stall_are_not_charged() {
     }
 }
 
+/// On a Cluster, as on one server: a check that a stalled master (here
+/// `CLIENT PAUSE`) runs only after its deadline is refused by the script,
+/// not recorded. The deadline rides on the clock of the master that runs
+/// the check (each node keeps its own), which the store reads as it
+/// connects; before, a Cluster's checks carried none, and the user was
+/// charged for the request the layer had failed closed.
+#[tokio::test]
+async fn checks_a_cluster_master_runs_after_a_stall_are_not_charged() {
+    let cluster = support::redis_server::RedisCluster::start();
+    let app = on_cluster(&cluster, FailMode::Closed).await;
+    // (Each user has spent 1 of its 2 a minute.)
+    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 1500).await;
+    let victim = &users[0];
+    let reply = app.get("/x", victim).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+    assert!(
+        paused.elapsed() < Duration::from_millis(1200),
+        "the machine stalled"
+    );
+    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(paused.elapsed())).await;
+    // The master runs the stalled check, then these, once it answers again
+    // (other users of its own, as probes).
+    let neighbours: Vec<String> = users
+        .iter()
+        .zip(&masters)
+        .skip(1)
+        .filter(|&(_, &m)| m == stalled)
+        .map(|(u, _)| u.clone())
+        .collect();
+    assert!(!neighbours.is_empty(), "no other user on master {stalled}");
+    until_decided(&app, &neighbours[..1]).await;
+    // The victim's last request of the minute is left.
+    let reply = app.get("/x", victim).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.number("x-ratelimit-remaining"), 0, "{reply:?}");
+    let reply = app.get("/x", victim).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+}
+
 /// The users `users` on `cluster`, each with the index of the master that
 /// holds its budget (each has sent one request through `app`).
 fn masters_of(cluster: &support::redis_server::RedisCluster, users: &[String]) -> Vec<usize> {

@@ -108,6 +108,13 @@
 //! marked failing, and only through connections the client holds, as the
 //! one that followed the `ASK`), then goes again.
 //!
+//! A check carries its deadline on the server's clock (read with `TIME`
+//! when the store connects and every 10 s), so that Redis, stalled past
+//! it, refuses the check instead of recording a request the layer already
+//! answered by its fail mode; on a Cluster the store made, on the clock of
+//! the master that serves the check's slot (not on a caller's Cluster
+//! pool).
+//!
 //! # Key layout
 //!
 //! One key per budget: `<prefix>:{<policy>:<user>}:<algorithm>` (and
@@ -774,8 +781,17 @@ impl ServerClock {
     /// over a fifth of [`CLOCK_MARGIN`] is not trusted: its error would be
     /// up to half that).
     async fn read<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
+        self.read_by(redis::cmd("TIME").query_async(conn)).await
+    }
+
+    /// [`read`](Self::read), the server's `TIME` (seconds, microseconds)
+    /// asked by `time`.
+    async fn read_by(
+        &self,
+        time: impl Future<Output = RedisResult<(i64, i64)>>,
+    ) -> RedisResult<()> {
         let sent = Instant::now();
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+        let (secs, micros) = time.await?;
         let received = Instant::now();
         if received.duration_since(sent) <= CLOCK_MARGIN / 5 {
             let local = (self.micros(sent) + self.micros(received)) / 2;
@@ -1015,8 +1031,10 @@ struct Shape {
     keepalive: Option<Duration>,
     /// The deadline of a keepalive ping.
     ping_timeout: Duration,
-    /// Whether checks carry a deadline on the server's clock (not on a
-    /// Cluster: its nodes' clocks may disagree by more than the margin).
+    /// Whether checks carry a deadline on the store's one reading of the
+    /// server's clock (not on a Cluster: its nodes' clocks may disagree by
+    /// more than the margin, and the checks of a Cluster the store made
+    /// carry one on their master's: see `Watch::clock`).
     deadlines: bool,
 }
 
@@ -1057,6 +1075,33 @@ struct Inner {
     timeout: Duration,
     scripts: Arc<Scripts>,
     clock: Arc<ServerClock>,
+}
+
+impl Inner {
+    /// The reading of the server's clock a check's deadline rides on: the
+    /// store's one, or on a Cluster the store made, that of the master that
+    /// serves the check's slot (none on a caller's Cluster pool).
+    fn clock_of(&self, check: &Check) -> Option<&ServerClock> {
+        match &self.backend {
+            Backend::Cluster(_) => {
+                let (watch, domain) = self.cluster_domain(&check.as_ref())?;
+                watch.clock(domain)
+            }
+            Backend::ClusterPool(_) => None,
+            Backend::Direct(_) | Backend::Pool(_) => Some(&self.clock),
+        }
+    }
+
+    /// On a Cluster the store made: its watch of the masters, and the
+    /// failure domain of the check's slot (see [`Watch::domain_of`]).
+    fn cluster_domain(&self, check: &CheckRef<'_>) -> Option<(&Watch, u32)> {
+        let Backend::Cluster(lazy) = &self.backend else {
+            return None;
+        };
+        let watch = lazy.watch.as_deref()?;
+        let slot = check_slot(&self.prefix, check)?;
+        Some((watch, watch.domain_of(slot)))
+    }
 }
 
 /// Checks sent together. redis-rs writes each command of a multiplexed
@@ -1829,6 +1874,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 if let Err(error) = access.await {
                     return Err(config_error(format!("{what}: {error}")));
                 }
+                // (The first checks carry deadlines too.)
+                lazy.read_master_clocks(shape.ping_timeout).await;
             }
             Err(error) if misconfigured(&error) => {
                 return Err(config_error(format!("{what}: {error}")));
@@ -1846,8 +1893,10 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     }
 
     /// Every tick (a second, or half the keepalive period if shorter):
-    /// reads the server's clock when it is due (see [`ServerClock`]; not on
-    /// a Cluster, whose nodes keep clocks of their own); and, with a
+    /// reads the server's clock when it is due (see [`ServerClock`]; on a
+    /// Cluster the store made, each master's, as its nodes keep clocks of
+    /// their own: see [`read_master_clocks`](Self::read_master_clocks));
+    /// and, with a
     /// `keepalive` period, reads it too when that long passed without a
     /// reply on the connection: the reading is the ping, so a connection
     /// the server (its `timeout`), a load balancer or a NAT closed while
@@ -1877,6 +1926,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
+                if this.watch.is_some() {
+                    this.read_master_clocks(ping_timeout).await;
+                }
                 unused = match this.used.swap(false, Ordering::Relaxed) {
                     true => 0,
                     false => unused.saturating_add(1),
@@ -1898,6 +1950,30 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 unused = 0;
             }
         });
+    }
+
+    /// On a Cluster the store made: reads the clock of each master whose
+    /// reading is due (see [`Watch::clocks_due`]: never read, or
+    /// [`CLOCK_READ_EVERY`] ago; not a held master), all at once, each
+    /// bounded by `timeout`. A master's checks carry no deadline until its
+    /// clock is read (a promoted replica's: within a second).
+    async fn read_master_clocks(&self, timeout: Duration) {
+        let Some(watch) = &self.watch else { return };
+        let due = watch.clocks_due();
+        if due.is_empty() {
+            return;
+        }
+        let Some(conn) = self.get() else { return };
+        let readings = due.into_iter().filter_map(|(domain, slot)| {
+            let clock = watch.clock(domain)?;
+            let mut conn = conn.clone();
+            Some(async move {
+                if let Some(time) = conn.time_at_slot(slot) {
+                    let _ = tokio::time::timeout(timeout, clock.read_by(time)).await;
+                }
+            })
+        });
+        futures_util::future::join_all(readings).await;
     }
 
     /// Asks the sentinels every [`FOLLOW_EVERY`] which master they name (see
@@ -2562,8 +2638,10 @@ fn store_error(e: RedisError) -> StoreError {
 /// deadline, answered while this process still waited: the offset it was
 /// given is off, so the clock is read again.
 #[cold]
-fn refused_as_late(clock: &ServerClock) -> StoreError {
-    clock.doubt();
+fn refused_as_late(clock: Option<&ServerClock>) -> StoreError {
+    if let Some(clock) = clock {
+        clock.doubt();
+    }
     StoreError::new(
         StoreErrorKind::Timeout,
         "redis ran the check after its deadline on the server's clock; nothing was recorded",
@@ -3035,9 +3113,10 @@ impl RedisStore {
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
         let script = inner.scripts.get(&check);
-        let on_server = match check.now {
-            None => inner.clock.deadline(inner.timeout),
-            Some(_) => None,
+        let clock = inner.clock_of(&check);
+        let on_server = match (check.now, clock) {
+            (None, Some(clock)) => clock.deadline(inner.timeout),
+            _ => None,
         };
         let cmd = eval_cmd(&inner.prefix, script, &check, on_server);
         let deadline = inner.timeout;
@@ -3068,7 +3147,7 @@ impl RedisStore {
             (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
         }?;
         if reply.is_empty() {
-            return Err(refused_as_late(&inner.clock));
+            return Err(refused_as_late(clock));
         }
         if ScriptKind::of(&check) == ScriptKind::StraightCounter {
             decode_counters(&check, &reply)
@@ -3507,6 +3586,12 @@ trait AskAgain: ConnectionLike {
     ) -> Option<redis::RedisFuture<'a, ()>> {
         None
     }
+
+    /// The `TIME` of the master that serves `slot` as this client knows
+    /// it, or `None` for a connection that is not a Cluster's.
+    fn time_at_slot(&mut self, _slot: u16) -> Option<redis::RedisFuture<'_, (i64, i64)>> {
+        None
+    }
 }
 
 impl AskAgain for MultiplexedConnection {}
@@ -3537,6 +3622,19 @@ impl AskAgain for ClusterConnection {
 
     fn answers_on_some_master(&mut self, slots: &[u16]) -> Option<redis::RedisFuture<'_, ()>> {
         Some(ping_some_master(self, slots))
+    }
+
+    fn time_at_slot(&mut self, slot: u16) -> Option<redis::RedisFuture<'_, (i64, i64)>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        Some(Box::pin(async move {
+            let master = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+            let time = self
+                .route_command(redis::cmd("TIME"), RoutingInfo::SingleNode(master))
+                .await?;
+            Ok(<(i64, i64) as redis::FromRedisValue>::from_redis_value(
+                time,
+            )?)
+        }))
     }
 
     fn read_at_master<'a>(&'a mut self, key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
@@ -3918,12 +4016,9 @@ impl Store for RedisStore {
     /// in-process store; once its replica is promoted, its slots are
     /// another part, asked again at once. Otherwise 0: the whole store.
     fn failure_domain(&self, check: &CheckRef<'_>) -> u32 {
-        match &self.inner.backend {
-            Backend::Cluster(lazy) => lazy.watch.as_ref().map_or(0, |watch| {
-                check_slot(&self.inner.prefix, check).map_or(0, |slot| watch.domain_of(slot))
-            }),
-            _ => 0,
-        }
+        self.inner
+            .cluster_domain(check)
+            .map_or(0, |(_, domain)| domain)
     }
 
     /// The Cluster master of `domain`: `redis cluster master HOST:PORT`.

@@ -127,6 +127,9 @@ pub(super) struct Watch {
     /// The failure domain of each master the slots name (see
     /// [`give_domains`](Self::give_domains)).
     domains: std::sync::Mutex<Domains>,
+    /// Each failure domain's master's clock, by its number (see
+    /// [`clock`](Self::clock)).
+    clocks: Box<[super::ServerClock]>,
     connect_timeout: Duration,
     answer_timeout: Duration,
 }
@@ -191,6 +194,7 @@ impl Watch {
             told_unmapped: AtomicBool::new(false),
             moved_at: ArcSwapOption::empty(),
             domains: std::sync::Mutex::default(),
+            clocks: (0..64).map(|_| super::ServerClock::new()).collect(),
             connect_timeout,
             answer_timeout: timeout.saturating_mul(2).max(LEAST_ANSWER),
         }))
@@ -226,6 +230,34 @@ impl Watch {
             .and_then(|i| map.domains.get(i))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The clock of failure domain `domain`'s master (see
+    /// `ServerClock`): a check's deadline on a Cluster rides on the clock of
+    /// the master that runs it, as each node keeps its own. `None` for
+    /// domain 0 (no master known).
+    pub(super) fn clock(&self, domain: u32) -> Option<&super::ServerClock> {
+        match domain {
+            0 => None,
+            d => self.clocks.get(usize::try_from(d).ok()?),
+        }
+    }
+
+    /// The masters whose clock is due a reading (see
+    /// `ServerClock::stale`), by failure domain, each with the first slot
+    /// it serves; not the held ones.
+    pub(super) fn clocks_due(&self) -> Vec<(u32, u16)> {
+        let map = self.map.load();
+        let mut due: Vec<(u32, u16)> = Vec::new();
+        for &(first, _, node) in &map.ranges {
+            let domain = map.domains.get(node).copied().unwrap_or(0);
+            let held = map.held.get(node) == Some(&true);
+            let stale = self.clock(domain).is_some_and(|c| c.stale());
+            if stale && !held && !due.iter().any(|&(d, _)| d == domain) {
+                due.push((domain, first));
+            }
+        }
+        due
     }
 
     /// The master of failure domain `domain`, if the slots name one.
@@ -272,6 +304,10 @@ impl Watch {
                 *next = next.wrapping_add(1);
                 used |= 1 << d;
                 of.insert(node.clone(), d);
+                // (Another node's clock, if the number was used before.)
+                if let Some(clock) = self.clock(d) {
+                    clock.doubt();
+                }
                 d
             })
             .collect();
@@ -965,6 +1001,44 @@ mod tests {
         given.dedup();
         assert_eq!(given.len(), 63);
         assert!(given.iter().all(|d| (1..=63).contains(d)));
+    }
+
+    #[tokio::test]
+    async fn each_master_s_clock_is_its_own_and_a_new_master_s_is_unknown() {
+        let watch = watch_of(&[7000, 7001], |port| format!("redis://127.0.0.1:{port}"));
+        let deadline = |domain: u32| {
+            watch
+                .clock(domain)
+                .and_then(|c| c.deadline(Duration::from_millis(50)))
+        };
+        assert_eq!(watch.clocks_due(), vec![]);
+        watch.publish(map(vec![node(7000), node(7001)], vec![false, false]));
+        // Each master's clock is due until read, by a slot of its own.
+        assert_eq!(watch.clocks_due(), vec![(1, 0), (2, 8192)]);
+        let read = watch.clock(2).unwrap().read_by(async { Ok((1_000, 0)) });
+        read.await.unwrap();
+        assert_eq!(watch.clocks_due(), vec![(1, 0)]);
+        let on_2 = deadline(2).unwrap();
+        // (On the master's clock, read as 1,000 s: a deadline 550 ms on.)
+        assert!((1_000_550_000..1_000_700_000).contains(&on_2), "{on_2}");
+        assert_eq!((deadline(0), deadline(1)), (None, None));
+        // A held master's clock is not asked for.
+        watch.publish(map(vec![node(7000), node(7001)], vec![true, false]));
+        assert_eq!(watch.clocks_due(), vec![]);
+        // A replica promoted in the second's place: its clock is unknown.
+        watch.publish(map(vec![node(7000), node(7002)], vec![false, false]));
+        assert_eq!(watch.clocks_due(), vec![(1, 0), (3, 8192)]);
+        assert_eq!(deadline(3), None);
+        // The forgotten master's number, given to another master, comes
+        // without its clock.
+        let mut nodes = vec![node(7000), node(7002)];
+        nodes.extend((0..61).map(|i| node(8000 + i)));
+        let count = nodes.len();
+        let mut many = map(nodes, vec![false; count]);
+        many.ranges = vec![(0, 16_383, 0)];
+        watch.publish(many);
+        assert!(watch.domain_node(2).is_some());
+        assert_eq!(deadline(2), None);
     }
 
     fn node(port: u16) -> Node {
