@@ -735,6 +735,9 @@ pub(crate) struct Fallback {
     asked: [AtomicU64; PARTS],
     /// When the down parts are next looked over (see [`Self::sweep`]).
     next_sweep: AtomicU64,
+    /// By part: what the store called it when it went down, for the line
+    /// that says it was forgotten (locked only then and as it goes down).
+    names: std::sync::Mutex<[Option<String>; PARTS]>,
 }
 
 /// How long a down part no check has asked for stays down: a part can be
@@ -756,6 +759,7 @@ impl Fallback {
             next_probe: std::array::from_fn(|_| AtomicU64::new(0)),
             asked: std::array::from_fn(|_| AtomicU64::new(0)),
             next_sweep: AtomicU64::new(0),
+            names: std::sync::Mutex::new(std::array::from_fn(|_| None)),
         }
     }
 
@@ -795,13 +799,22 @@ impl Fallback {
                 && asked.load(Ordering::Relaxed).saturating_add(FORGET_AFTER) <= now
                 && self.down.fetch_and(!bit, Ordering::AcqRel) & bit != 0
             {
+                let name = self.name_of(index);
                 tracing::info!(
                     part = index,
+                    store = name.as_deref().unwrap_or("-"),
                     "no check has asked for a part of the rate-limit store that was down \
                      in 2 s: it is asked again"
                 );
             }
         }
+    }
+
+    /// What the store called part `index` when it last went down.
+    #[cold]
+    fn name_of(&self, index: usize) -> Option<String> {
+        let names = self.names.lock().ok()?;
+        names.get(index).cloned().flatten()
     }
 
     /// The bit and slot of part `domain`.
@@ -848,7 +861,13 @@ impl Fallback {
             if let Some(next_probe) = self.next_probe.get(index) {
                 next_probe.store(now.saturating_add(PROBE_EVERY), Ordering::Relaxed);
             }
-            match (domain, name()) {
+            let name = name();
+            if let Ok(mut names) = self.names.lock() {
+                if let Some(slot) = names.get_mut(index) {
+                    slot.clone_from(&name);
+                }
+            }
+            match (domain, name) {
                 (0, None) => tracing::warn!(
                     "rate-limit store down: the fallback store decides until a probe \
                      (one request every 500 ms) is answered"

@@ -253,6 +253,29 @@ fn a_part_of_the_store_down_and_back_is_named() {
     assert!(!text.contains("part=2"), "{text}");
 }
 
+/// A down part that no check asks for any more is forgotten, and the line
+/// that says so names it as the store did when it went down.
+#[test]
+fn a_forgotten_part_is_named() {
+    let work = async {
+        let store = Parted::default();
+        let app = App::with(one(Rule::new().second(100)), store.clone(), |l| {
+            l.fail_mode(tower_ratelimit::FailMode::Fallback)
+        });
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(app.get("/a", "d").await.status, 200);
+        // (Part 2's checks alone, on the layer's clock: the parts are
+        // looked over by the first at 0.8 s, then 2 s on.)
+        for _ in 0..4 {
+            app.advance(std::time::Duration::from_millis(800));
+            assert_eq!(app.get("/a", "u").await.status, 200);
+        }
+    };
+    let ((), text) = capture(tracing::Level::INFO, work);
+    let forgotten = only_line(&text, "no check has asked for a part");
+    assert!(forgotten.contains("part=7 store=\"shard 7\""), "{text}");
+}
+
 /// The decision event carries the route, the outcome, the remaining count
 /// and, when an asynchronous store was asked, how long it took.
 #[test]

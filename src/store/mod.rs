@@ -739,8 +739,11 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Config => "invalid rate-limit store configuration",
         };
         match &self.source {
-            Some(source) => write!(f, "{what}: {source}"),
-            None => f.write_str(what),
+            // (Not "timed out: timed out", as redis-rs' timeouts say.)
+            Some(source) if !what.ends_with(source.to_string().as_str()) => {
+                write!(f, "{what}: {source}")
+            }
+            _ => f.write_str(what),
         }
     }
 }
@@ -973,5 +976,22 @@ impl<S: Store> Store for Arc<S> {
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
         (**self).adjust(check, adjustment)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{StoreError, StoreErrorKind};
+
+    #[test]
+    fn an_error_says_its_kind_and_its_source_once() {
+        let timed_out = StoreError::new(StoreErrorKind::Timeout, "timed out");
+        assert_eq!(timed_out.to_string(), "rate-limit store timed out");
+        assert_eq!(StoreError::timeout().to_string(), timed_out.to_string());
+        let refused = StoreError::new(StoreErrorKind::Unavailable, "connection refused");
+        assert_eq!(
+            refused.to_string(),
+            "rate-limit store unavailable: connection refused"
+        );
     }
 }

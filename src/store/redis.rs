@@ -751,13 +751,27 @@ struct ServerClock {
     /// Milliseconds since `origin` (plus one) of the last reading; 0: none,
     /// or asked to read again.
     read_at: AtomicU64,
+    /// The last reading's error, in microseconds: half its round trip.
+    error: AtomicU64,
 }
 
-/// What a deadline on the server's clock allows beyond the check's own: the
-/// reading's error (half a round trip) and the two clocks' drift between
-/// readings, with room to spare; a check that Redis runs later than its
-/// deadline and this is refused by the script.
-const CLOCK_MARGIN: Duration = Duration::from_millis(500);
+/// What a deadline on the server's clock allows beyond the check's own,
+/// besides the reading's error (half its round trip) and the clocks' drift
+/// since (see [`CLOCK_DRIFT`]): room for the deadline's rounding (up to
+/// 16 ms) and to spare. A check that Redis runs later than its deadline
+/// and this is refused by the script; one it runs in between is recorded,
+/// though the layer answered it by its fail mode (until round 44 the margin
+/// was 500 ms, and stalls shorter than that charged the requests).
+const CLOCK_MARGIN: Duration = Duration::from_millis(25);
+
+/// The most two clocks may drift apart, as a share of the time since a
+/// reading: 1 in 1,000 (NTP slews a clock by at most 500 ppm, and the two
+/// may slew apart).
+const CLOCK_DRIFT: u64 = 1_000;
+
+/// The longest round trip of a reading that is trusted (its error is up
+/// to half of it).
+const TRUSTED_READING: Duration = Duration::from_millis(100);
 
 /// How often the server's clock is read again while checks flow.
 const CLOCK_READ_EVERY: Duration = Duration::from_secs(10);
@@ -768,6 +782,7 @@ impl ServerClock {
             origin: Instant::now(),
             offset: AtomicI64::new(0),
             read_at: AtomicU64::new(0),
+            error: AtomicU64::new(0),
         }
     }
 
@@ -778,8 +793,7 @@ impl ServerClock {
     }
 
     /// Reads the server's clock on `conn` (a reading whose round trip took
-    /// over a fifth of [`CLOCK_MARGIN`] is not trusted: its error would be
-    /// up to half that).
+    /// over [`TRUSTED_READING`] is not trusted).
     async fn read<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
         self.read_by(redis::cmd("TIME").query_async(conn)).await
     }
@@ -793,10 +807,13 @@ impl ServerClock {
         let sent = Instant::now();
         let (secs, micros) = time.await?;
         let received = Instant::now();
-        if received.duration_since(sent) <= CLOCK_MARGIN / 5 {
+        let round_trip = received.duration_since(sent);
+        if round_trip <= TRUSTED_READING {
             let local = (self.micros(sent) + self.micros(received)) / 2;
             let server = secs.saturating_mul(1_000_000).saturating_add(micros);
             self.offset.store(server - local, Ordering::Relaxed);
+            let error = crate::clock::duration_micros(round_trip / 2);
+            self.error.store(error, Ordering::Relaxed);
             let ms =
                 u64::try_from(received.duration_since(self.origin).as_millis()).unwrap_or(u64::MAX);
             self.read_at.store(ms.saturating_add(1), Ordering::Release);
@@ -813,19 +830,26 @@ impl ServerClock {
     }
 
     /// A check's deadline on the server's clock, in microseconds, for a
-    /// check asked now with `timeout` (rounded up to 16,384 µs, so that the
-    /// checks of one batch mostly share it and their numbers); `None` while
-    /// the clock is unknown.
+    /// check asked now with `timeout`: that, plus [`CLOCK_MARGIN`], the
+    /// reading's error and the clocks' drift since (rounded up to
+    /// 16,384 µs, so that the checks of one batch mostly share it and their
+    /// numbers); `None` while the clock is unknown.
     fn deadline(&self, timeout: Duration) -> Option<i64> {
-        if self.read_at.load(Ordering::Acquire) == 0 {
+        let read_at = self.read_at.load(Ordering::Acquire);
+        if read_at == 0 {
             return None;
         }
         let offset = self.offset.load(Ordering::Relaxed);
-        let after = saturating_i64(crate::clock::duration_micros(timeout + CLOCK_MARGIN));
-        let at = self
-            .micros(Instant::now())
+        let now = self.micros(Instant::now());
+        let since = u64::try_from(now)
+            .unwrap_or(0)
+            .saturating_sub(read_at.saturating_mul(1_000));
+        let after = crate::clock::duration_micros(timeout + CLOCK_MARGIN)
+            .saturating_add(self.error.load(Ordering::Relaxed))
+            .saturating_add(since / CLOCK_DRIFT);
+        let at = now
             .saturating_add(offset)
-            .saturating_add(after);
+            .saturating_add(saturating_i64(after));
         Some((at | 0x3fff).saturating_add(1))
     }
 
