@@ -114,6 +114,21 @@ async fn on_cluster(cluster: &support::redis_server::RedisCluster, mode: FailMod
     app_with(RedisStore::builder().cluster(cluster.urls()), mode, true).await
 }
 
+/// [`on_cluster`], or through a caller's pool on `cluster`.
+async fn on_cluster_or_pool(
+    cluster: &support::redis_server::RedisCluster,
+    mode: FailMode,
+    pool: bool,
+) -> App {
+    match pool {
+        false => on_cluster(cluster, mode).await,
+        true => {
+            let pool = cluster_pool(cluster, None);
+            app_with(RedisStore::builder().cluster_pool(pool), mode, true).await
+        }
+    }
+}
+
 /// [`app_with`] on a store built already.
 fn app_on_store(store: RedisStore, mode: FailMode, batched: bool) -> App {
     let route = if batched {
@@ -942,13 +957,21 @@ async fn stalled_checks_are_not_charged(batched: bool, pause_ms: u64, requests: 
 /// not recorded. The deadline rides on the clock of the master that runs
 /// the check (each node keeps its own), which the store reads as it
 /// connects; before, a Cluster's checks carried none, and the user was
-/// charged for the request the layer had failed closed.
+/// charged for the request the layer had failed closed. The same through a
+/// caller's pool, whose slots' masters the store reads through it.
 #[tokio::test]
 async fn checks_a_cluster_master_runs_after_a_stall_are_not_charged() {
-    let cluster = support::redis_server::RedisCluster::start();
-    let app = on_cluster(&cluster, FailMode::Closed).await;
+    for pool in [false, true] {
+        let cluster = support::redis_server::RedisCluster::start();
+        let app = on_cluster_or_pool(&cluster, FailMode::Closed, pool).await;
+        stalled_master_does_not_charge(&cluster, &app).await;
+    }
+}
+
+/// See [`checks_a_cluster_master_runs_after_a_stall_are_not_charged`].
+async fn stalled_master_does_not_charge(cluster: &support::redis_server::RedisCluster, app: &App) {
     // (Each user has spent 1 of its 2 a minute.)
-    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 1500).await;
+    let (users, masters, stalled, paused) = stall_a_master(cluster, app, 1500).await;
     let victim = &users[0];
     let reply = app.get("/x", victim).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
@@ -967,7 +990,7 @@ async fn checks_a_cluster_master_runs_after_a_stall_are_not_charged() {
         .map(|(u, _)| u.clone())
         .collect();
     assert!(!neighbours.is_empty(), "no other user on master {stalled}");
-    until_decided(&app, &neighbours[..1]).await;
+    until_decided(app, &neighbours[..1]).await;
     // The victim's last request of the minute is left.
     let reply = app.get("/x", victim).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
@@ -1102,13 +1125,25 @@ async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
 /// there, and the other masters' budgets are still decided, and spent, on
 /// Redis. Before, that one timeout sent every budget to the in-process
 /// store until a probe, 500 ms on, reached a master that answers (each
-/// replica then limiting on its own).
+/// replica then limiting on its own). The same through a caller's pool,
+/// whose slots' masters the store reads through it (before, a pool's store
+/// was one part).
 #[tokio::test]
 async fn a_stalled_cluster_master_sends_only_its_own_budgets_to_the_fallback() {
-    let cluster = support::redis_server::RedisCluster::start();
-    let app = on_cluster(&cluster, FailMode::Fallback).await;
+    for pool in [false, true] {
+        let cluster = support::redis_server::RedisCluster::start();
+        let app = on_cluster_or_pool(&cluster, FailMode::Fallback, pool).await;
+        only_the_stalled_master_s_budgets_fall_back(&cluster, &app).await;
+    }
+}
+
+/// See [`a_stalled_cluster_master_sends_only_its_own_budgets_to_the_fallback`].
+async fn only_the_stalled_master_s_budgets_fall_back(
+    cluster: &support::redis_server::RedisCluster,
+    app: &App,
+) {
     // (Each user has spent 1 of its 2 a minute on Redis.)
-    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 8000).await;
+    let (users, masters, stalled, paused) = stall_a_master(cluster, app, 8000).await;
     let reply = app.get("/x", &users[0]).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_eq!(

@@ -891,7 +891,8 @@ pub trait Store: Send + Sync + 'static {
     /// check's part, and the checks of the other parts are still asked.
     /// Parts are told apart by this number modulo 64. The default, 0, makes
     /// the whole store one part; the Redis store on a Cluster (its own
-    /// client) answers by the master that serves the check's slot, so that
+    /// client or a caller's pool) answers by the master that serves the
+    /// check's slot, so that
     /// one master that hangs sends only its own budgets to the in-process
     /// store.
     ///

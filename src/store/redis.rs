@@ -111,9 +111,8 @@
 //! A check carries its deadline on the server's clock (read with `TIME`
 //! when the store connects and every 10 s), so that Redis, stalled past
 //! it, refuses the check instead of recording a request the layer already
-//! answered by its fail mode; on a Cluster the store made, on the clock of
-//! the master that serves the check's slot (not on a caller's Cluster
-//! pool).
+//! answered by its fail mode; on a Cluster, on the clock of the master
+//! that serves the check's slot.
 //!
 //! # Key layout
 //!
@@ -860,6 +859,10 @@ impl ServerClock {
     }
 }
 
+/// How often a caller's Cluster pool's slot map is read again (see
+/// `Watch::map_only`).
+const SLOT_MAP_EVERY: Duration = Duration::from_secs(5);
+
 /// How often a Sentinel store asks which master the sentinels name: after
 /// `SENTINEL FAILOVER` the old master runs on as a master until the
 /// sentinels demote it, and what the store writes there until it asks is
@@ -1057,9 +1060,12 @@ struct Shape {
     ping_timeout: Duration,
     /// Whether checks carry a deadline on the store's one reading of the
     /// server's clock (not on a Cluster: its nodes' clocks may disagree by
-    /// more than the margin, and the checks of a Cluster the store made
-    /// carry one on their master's: see `Watch::clock`).
+    /// more than the margin, and the checks of a Cluster carry one on
+    /// their master's: see `Watch::clock`).
     deadlines: bool,
+    /// Whether a connection without a [`Watch`] of its own (a caller's
+    /// Cluster pool) keeps a map of the slots (see `Watch::map_only`).
+    slot_map: bool,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -1103,28 +1109,33 @@ struct Inner {
 
 impl Inner {
     /// The reading of the server's clock a check's deadline rides on: the
-    /// store's one, or on a Cluster the store made, that of the master that
-    /// serves the check's slot (none on a caller's Cluster pool).
+    /// store's one, or on a Cluster, that of the master that serves the
+    /// check's slot.
     fn clock_of(&self, check: &Check) -> Option<&ServerClock> {
         match &self.backend {
-            Backend::Cluster(_) => {
+            Backend::Cluster(_) | Backend::ClusterPool(_) => {
                 let (watch, domain) = self.cluster_domain(&check.as_ref())?;
                 watch.clock(domain)
             }
-            Backend::ClusterPool(_) => None,
             Backend::Direct(_) | Backend::Pool(_) => Some(&self.clock),
         }
     }
 
-    /// On a Cluster the store made: its watch of the masters, and the
+    /// On a Cluster: the slots' masters (see [`Lazy::masters`]), and the
     /// failure domain of the check's slot (see [`Watch::domain_of`]).
     fn cluster_domain(&self, check: &CheckRef<'_>) -> Option<(&Watch, u32)> {
-        let Backend::Cluster(lazy) = &self.backend else {
-            return None;
-        };
-        let watch = lazy.watch.as_deref()?;
+        let watch = self.masters()?;
         let slot = check_slot(&self.prefix, check)?;
         Some((watch, watch.domain_of(slot)))
+    }
+
+    /// See [`Lazy::masters`].
+    fn masters(&self) -> Option<&Watch> {
+        match &self.backend {
+            Backend::Cluster(lazy) => lazy.masters().map(|w| &**w),
+            Backend::ClusterPool(lazy) => lazy.masters().map(|w| &**w),
+            Backend::Direct(_) | Backend::Pool(_) => None,
+        }
     }
 }
 
@@ -1784,6 +1795,9 @@ struct Lazy<C> {
     follow: Option<Follow>,
     /// Set for a Cluster the store made (see [`Watch`]).
     watch: Option<Arc<Watch>>,
+    /// Set for a Cluster without a watch (a caller's pool): the slots'
+    /// masters, read every [`SLOT_MAP_EVERY`] (see `Watch::map_only`).
+    map_only: Option<Arc<Watch>>,
     /// See [`Shape::deadlines`].
     deadlines: bool,
     scripts: Arc<Scripts>,
@@ -1839,10 +1853,15 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             load_timeout,
             probe_key,
         } = common.clone();
+        let map_only = match (&watch, shape.slot_map) {
+            (None, true) => Watch::map_only(),
+            _ => None,
+        };
         Arc::new(Self {
             clock,
             follow,
             watch,
+            map_only,
             deadlines: shape.deadlines,
             current: ArcSwapOption::empty(),
             connect,
@@ -1899,6 +1918,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     return Err(config_error(format!("{what}: {error}")));
                 }
                 // (The first checks carry deadlines too.)
+                lazy.read_slot_map(shape.ping_timeout).await;
                 lazy.read_master_clocks(shape.ping_timeout).await;
             }
             Err(error) if misconfigured(&error) => {
@@ -1918,9 +1938,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
 
     /// Every tick (a second, or half the keepalive period if shorter):
     /// reads the server's clock when it is due (see [`ServerClock`]; on a
-    /// Cluster the store made, each master's, as its nodes keep clocks of
-    /// their own: see [`read_master_clocks`](Self::read_master_clocks));
-    /// and, with a
+    /// Cluster, each master's, as its nodes keep clocks of their own: see
+    /// [`read_master_clocks`](Self::read_master_clocks), and through a
+    /// caller's pool the slots every [`SLOT_MAP_EVERY`]); and, with a
     /// `keepalive` period, reads it too when that long passed without a
     /// reply on the connection: the reading is the ping, so a connection
     /// the server (its `timeout`), a load balancer or a NAT closed while
@@ -1947,10 +1967,15 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;
             let mut unused = 0u32;
+            let mut map_read = tokio::time::Instant::now();
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
-                if this.watch.is_some() {
+                if this.map_only.is_some() && map_read.elapsed() >= SLOT_MAP_EVERY {
+                    map_read = tokio::time::Instant::now();
+                    this.read_slot_map(ping_timeout).await;
+                }
+                if this.masters().is_some() {
                     this.read_master_clocks(ping_timeout).await;
                 }
                 unused = match this.used.swap(false, Ordering::Relaxed) {
@@ -1976,13 +2001,33 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         });
     }
 
-    /// On a Cluster the store made: reads the clock of each master whose
+    /// The slots' masters of a Cluster: the store's watch of them, or the
+    /// map a caller's pool keeps.
+    fn masters(&self) -> Option<&Arc<Watch>> {
+        self.watch.as_ref().or(self.map_only.as_ref())
+    }
+
+    /// On a Cluster without a watch (a caller's pool): reads the slots'
+    /// masters (`CLUSTER SLOTS` of any node, bounded by `timeout`).
+    async fn read_slot_map(&self, timeout: Duration) {
+        let (Some(map), Some(mut conn)) = (&self.map_only, self.get()) else {
+            return;
+        };
+        let Some(ask) = conn.cluster_slots() else {
+            return;
+        };
+        if let Ok(Ok(answer)) = tokio::time::timeout(timeout, ask).await {
+            map.adopt(answer);
+        }
+    }
+
+    /// On a Cluster: reads the clock of each master whose
     /// reading is due (see [`Watch::clocks_due`]: never read, or
     /// [`CLOCK_READ_EVERY`] ago; not a held master), all at once, each
     /// bounded by `timeout`. A master's checks carry no deadline until its
     /// clock is read (a promoted replica's: within a second).
     async fn read_master_clocks(&self, timeout: Duration) {
-        let Some(watch) = &self.watch else { return };
+        let Some(watch) = self.masters() else { return };
         let due = watch.clocks_due();
         if due.is_empty() {
             return;
@@ -3616,6 +3661,12 @@ trait AskAgain: ConnectionLike {
     fn time_at_slot(&mut self, _slot: u16) -> Option<redis::RedisFuture<'_, (i64, i64)>> {
         None
     }
+
+    /// `CLUSTER SLOTS`, asked of any node, or `None` for a connection that
+    /// is not a Cluster's.
+    fn cluster_slots(&mut self) -> Option<redis::RedisFuture<'_, redis::Value>> {
+        None
+    }
 }
 
 impl AskAgain for MultiplexedConnection {}
@@ -3658,6 +3709,12 @@ impl AskAgain for ClusterConnection {
             Ok(<(i64, i64) as redis::FromRedisValue>::from_redis_value(
                 time,
             )?)
+        }))
+    }
+
+    fn cluster_slots(&mut self) -> Option<redis::RedisFuture<'_, redis::Value>> {
+        Some(Box::pin(async move {
+            redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await
         }))
     }
 
@@ -3786,6 +3843,14 @@ impl<O: Send + Sync, C: AskAgain + Send> AskAgain for Held<O, C> {
 
     fn read_at_master<'a>(&'a mut self, key: &'a [u8]) -> Option<redis::RedisFuture<'a, ()>> {
         self.conn.read_at_master(key)
+    }
+
+    fn time_at_slot(&mut self, slot: u16) -> Option<redis::RedisFuture<'_, (i64, i64)>> {
+        self.conn.time_at_slot(slot)
+    }
+
+    fn cluster_slots(&mut self) -> Option<redis::RedisFuture<'_, redis::Value>> {
+        self.conn.cluster_slots()
     }
 }
 
@@ -4032,10 +4097,10 @@ impl Store for RedisStore {
         Box::pin(Self::run(self.inner.clone(), check))
     }
 
-    /// On a Cluster (the store's own client): the master that serves the
-    /// check's slot now, as the store's watch of the masters last read the
-    /// slots (1 to 63, each master numbered as the watch first names it; 0
-    /// when the slot's master is not known yet). One master that hangs then sends only its own
+    /// On a Cluster: the master that serves the check's slot now, as the
+    /// store last read the slots (its watch of the masters, or through a
+    /// caller's pool every 5 s; 1 to 63, each master numbered as the store
+    /// first names it; 0 when the slot's master is not known yet). One master that hangs then sends only its own
     /// budgets to [`FailMode::Fallback`](crate::FailMode::Fallback)'s
     /// in-process store; once its replica is promoted, its slots are
     /// another part, asked again at once. Otherwise 0: the whole store.
@@ -4047,14 +4112,8 @@ impl Store for RedisStore {
 
     /// The Cluster master of `domain`: `redis cluster master HOST:PORT`.
     fn failure_domain_name(&self, domain: u32) -> Option<String> {
-        match &self.inner.backend {
-            Backend::Cluster(lazy) => lazy
-                .watch
-                .as_ref()?
-                .domain_node(domain)
-                .map(|node| format!("redis cluster master {}", watch::name(&node))),
-            _ => None,
-        }
+        let node = self.inner.masters()?.domain_node(domain)?;
+        Some(format!("redis cluster master {}", watch::name(&node)))
     }
 
     fn adjust(&self, check: Check, adjustment: Adjustment) -> AdjustFuture {
@@ -4389,6 +4448,7 @@ impl RedisStoreBuilder {
             keepalive: self.keepalive,
             ping_timeout: response_timeout,
             deadlines: true,
+            slot_map: false,
         };
         let cluster = Shape {
             drop_when_broken: false,
@@ -4396,6 +4456,7 @@ impl RedisStoreBuilder {
             keepalive: None,
             ping_timeout: response_timeout,
             deadlines: false,
+            slot_map: true,
         };
         let tls = self.tls;
         // (rustls takes the process's default crypto provider, which it
@@ -4705,6 +4766,7 @@ mod tests {
         keepalive: None,
         ping_timeout: Duration::from_millis(50),
         deadlines: true,
+        slot_map: false,
     };
 
     fn test_common() -> Common {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, Value};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, Value,
+};
 
 /// A node, by the (host, port) the Cluster names it by.
 pub(super) type Node = (String, u16);
@@ -198,6 +200,31 @@ impl Watch {
             connect_timeout,
             answer_timeout: timeout.saturating_mul(2).max(LEAST_ANSWER),
         }))
+    }
+
+    /// A watch that keeps only the slot map (the masters' failure domains
+    /// and clocks), from the `CLUSTER SLOTS` answers given to it (see
+    /// [`adopt`](Self::adopt)): for a caller's Cluster pool, whose nodes'
+    /// settings the store does not know. It never connects, and holds no
+    /// master.
+    pub(super) fn map_only() -> Option<Arc<Self>> {
+        let base = ConnectionAddr::Tcp("127.0.0.1".to_owned(), 0)
+            .into_connection_info()
+            .ok()?;
+        Self::new(base, Vec::new(), Duration::ZERO, Duration::ZERO)
+    }
+
+    /// Puts in use the map of a `CLUSTER SLOTS` answer (of a node the
+    /// store cannot name: a slot it names by an empty host is left out),
+    /// unless it is the one in use.
+    pub(super) fn adopt(&self, answer: Value) {
+        let Some(map) = parse_slots(answer, "?") else {
+            return;
+        };
+        let old = self.map.load();
+        if old.ranges != map.ranges || old.nodes != map.nodes {
+            self.publish(map);
+        }
     }
 
     /// Whether any master is held (one relaxed load).
@@ -1042,6 +1069,55 @@ mod tests {
         assert_eq!(deadline(2), None);
     }
 
+    /// A node in a `CLUSTER SLOTS` answer.
+    fn slots_node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    /// An entry of a `CLUSTER SLOTS` answer: slots `first` to `last`, their
+    /// master and a replica.
+    fn slots_entry(first: i64, last: i64, master: Value) -> Value {
+        Value::Array(vec![
+            Value::Int(first),
+            Value::Int(last),
+            master,
+            slots_node("r", 1),
+        ])
+    }
+
+    #[test]
+    fn a_map_only_watch_takes_the_slots_it_is_given() {
+        let watch = Watch::map_only().unwrap();
+        assert_eq!(watch.domain_of(0), 0);
+        let answer = || {
+            Value::Array(vec![
+                slots_entry(0, 8191, slots_node("10.0.0.1", 7000)),
+                slots_entry(8192, 16383, slots_node("", 7001)),
+            ])
+        };
+        watch.adopt(answer());
+        assert_eq!(watch.domain_of(0), 1);
+        assert_eq!(watch.domain_node(1), Some(("10.0.0.1".to_owned(), 7000)));
+        // (A master named by an empty host: the node asked, unknown here.)
+        assert_eq!(watch.domain_of(9000), 0);
+        assert_eq!(watch.clocks_due(), vec![(1, 0)]);
+        // The same map is kept; another is put in use.
+        let at = watch.map.load().at;
+        watch.adopt(answer());
+        assert_eq!(watch.map.load().at, at);
+        watch.adopt(Value::Array(vec![slots_entry(
+            0,
+            16383,
+            slots_node("10.0.0.2", 7000),
+        )]));
+        assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (2, 2));
+        assert!(!watch.any_held());
+    }
+
     fn node(port: u16) -> Node {
         ("127.0.0.1".to_owned(), port)
     }
@@ -1126,21 +1202,7 @@ mod tests {
 
     #[test]
     fn a_slots_answer_maps_each_slot_to_its_master() {
-        let node = |host: &str, port: i64| {
-            Value::Array(vec![
-                Value::BulkString(host.as_bytes().to_vec()),
-                Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
-            ])
-        };
-        let entry = |first: i64, last: i64, master: Value| {
-            Value::Array(vec![
-                Value::Int(first),
-                Value::Int(last),
-                master,
-                node("r", 1),
-            ])
-        };
+        let (node, entry) = (slots_node, slots_entry);
         let answer = Value::Array(vec![
             entry(5461, 10922, node("10.0.0.2", 7001)),
             entry(0, 5460, node("", 7000)),
