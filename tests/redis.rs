@@ -2484,22 +2484,7 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     // the slot has moved, which a thread finishes a moment after.
     let finish = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(20));
-        let keys = cli(ports[source], &["cluster", "getkeysinslot", &slot, "100"]);
-        let target_port = ports[target].to_string();
-        let mut migrate = vec![
-            "migrate",
-            "127.0.0.1",
-            &target_port,
-            "",
-            "0",
-            "5000",
-            "keys",
-        ];
-        migrate.extend(keys.lines());
-        assert_eq!(cli(ports[source], &migrate), "OK");
-        for port in &ports {
-            cli(*port, &["cluster", "setslot", &slot, "node", &target_id]);
-        }
+        finish_moving(&ports, &slot, (source, target), &target_id);
     });
     let decision = store.check(check("bob")).await.unwrap();
     assert!(decision.allowed());
@@ -2508,6 +2493,82 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     // And on the new node, as the Cluster now says.
     let decision = store.check(check("carol")).await.unwrap();
     assert_eq!(decision.windows()[1].remaining, 1000 - 4);
+}
+
+/// Ends the move of `slot` (importing, migrating) from the Cluster node at
+/// `ports[source]` to the one at `ports[target]` (`target_id`): its keys
+/// migrated, and every node told.
+fn finish_moving(ports: &[u16], slot: &str, (source, target): (usize, usize), target_id: &str) {
+    let keys = cli(ports[source], &["cluster", "getkeysinslot", slot, "100"]);
+    let target_port = ports[target].to_string();
+    let mut migrate = vec![
+        "migrate",
+        "127.0.0.1",
+        &target_port,
+        "",
+        "0",
+        "5000",
+        "keys",
+    ];
+    migrate.extend(keys.lines());
+    assert_eq!(cli(ports[source], &migrate), "OK");
+    for port in ports {
+        cli(*port, &["cluster", "setslot", slot, "node", target_id]);
+    }
+}
+
+/// A slot that moved to another master while no check failed (a reshard):
+/// within a few seconds the store's map of the masters says so (it reads
+/// the slots through its client every 5 s while it holds no master), so
+/// that the budgets of the slot fall back, and take their deadline, with
+/// their new master's. Before, the watch read the slots only once a check
+/// failed, and kept the old master for them.
+#[tokio::test]
+async fn the_store_follows_a_slot_moved_while_no_check_failed() {
+    use support::redis_server::RedisCluster;
+    use tower_ratelimit::{Check, Store, Window};
+    let cluster = RedisCluster::start();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let check = |user: &str| {
+        let minute = Window::new(Duration::from_secs(60), 100).unwrap();
+        Check::new(format!("fd:{user}"), [minute])
+    };
+    assert!(store.check(check("alice")).await.unwrap().allowed());
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let slot_of = |user: &str| cli(ports[0], &["cluster", "keyslot", &format!("fd:{user}")]);
+    let master_of = |user: &str| cluster.master_and_replica(slot_of(user).parse().unwrap()).0;
+    let slot = slot_of("alice");
+    let source = master_of("alice");
+    let target = (source + 1) % ports.len();
+    let neighbour = (0..200)
+        .map(|i| format!("n{i}"))
+        .find(|user| master_of(user) == target)
+        .unwrap();
+    let domain = |user: &str| store.failure_domain(&check(user).as_ref());
+    assert!(domain("alice") != 0 && domain("alice") != domain(&neighbour));
+    let target_id = cli(ports[target], &["cluster", "myid"]);
+    let source_id = cli(ports[source], &["cluster", "myid"]);
+    cli(
+        ports[target],
+        &["cluster", "setslot", &slot, "importing", &source_id],
+    );
+    cli(
+        ports[source],
+        &["cluster", "setslot", &slot, "migrating", &target_id],
+    );
+    finish_moving(&ports, &slot, (source, target), &target_id);
+    let moved = Instant::now();
+    while domain("alice") != domain(&neighbour) {
+        assert!(moved.elapsed() < Duration::from_secs(8), "not followed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let decision = store.check(check("alice")).await.unwrap();
+    assert_eq!(decision.windows()[0].remaining, 100 - 2);
 }
 
 /// A live reshard, a user's budget already moved to the slot's new node:

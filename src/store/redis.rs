@@ -752,6 +752,10 @@ struct ServerClock {
     read_at: AtomicU64,
     /// The last reading's error, in microseconds: half its round trip.
     error: AtomicU64,
+    /// Bumped by [`doubt`](Self::doubt): a reading sent before is not
+    /// kept (another node's clock, when a Cluster master's number went to
+    /// another).
+    generation: AtomicU64,
 }
 
 /// What a deadline on the server's clock allows beyond the check's own,
@@ -782,6 +786,7 @@ impl ServerClock {
             offset: AtomicI64::new(0),
             read_at: AtomicU64::new(0),
             error: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -803,11 +808,12 @@ impl ServerClock {
         &self,
         time: impl Future<Output = RedisResult<(i64, i64)>>,
     ) -> RedisResult<()> {
+        let generation = self.generation.load(Ordering::Acquire);
         let sent = Instant::now();
         let (secs, micros) = time.await?;
         let received = Instant::now();
         let round_trip = received.duration_since(sent);
-        if round_trip <= TRUSTED_READING {
+        if round_trip <= TRUSTED_READING && self.generation.load(Ordering::Acquire) == generation {
             let local = (self.micros(sent) + self.micros(received)) / 2;
             let server = secs.saturating_mul(1_000_000).saturating_add(micros);
             self.offset.store(server - local, Ordering::Relaxed);
@@ -829,17 +835,17 @@ impl ServerClock {
     }
 
     /// A check's deadline on the server's clock, in microseconds, for a
-    /// check asked now with `timeout`: that, plus [`CLOCK_MARGIN`], the
+    /// check asked at `asked` (now) with `timeout`: that, plus [`CLOCK_MARGIN`], the
     /// reading's error and the clocks' drift since (rounded up to
     /// 16,384 µs, so that the checks of one batch mostly share it and their
     /// numbers); `None` while the clock is unknown.
-    fn deadline(&self, timeout: Duration) -> Option<i64> {
+    fn deadline(&self, asked: Instant, timeout: Duration) -> Option<i64> {
         let read_at = self.read_at.load(Ordering::Acquire);
         if read_at == 0 {
             return None;
         }
         let offset = self.offset.load(Ordering::Relaxed);
-        let now = self.micros(Instant::now());
+        let now = self.micros(asked);
         let since = u64::try_from(now)
             .unwrap_or(0)
             .saturating_sub(read_at.saturating_mul(1_000));
@@ -855,12 +861,13 @@ impl ServerClock {
     /// Asks for a new reading (a check was refused as late while this
     /// process still waited for it: the offset is off).
     fn doubt(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.read_at.store(0, Ordering::Release);
     }
 }
 
-/// How often a caller's Cluster pool's slot map is read again (see
-/// `Watch::map_only`).
+/// How often the slots of a Cluster are read again through its client (see
+/// `Lazy::read_slot_map`).
 const SLOT_MAP_EVERY: Duration = Duration::from_secs(5);
 
 /// How often a Sentinel store asks which master the sentinels name: after
@@ -1125,7 +1132,7 @@ impl Inner {
     /// failure domain of the check's slot (see [`Watch::domain_of`]).
     fn cluster_domain(&self, check: &CheckRef<'_>) -> Option<(&Watch, u32)> {
         let watch = self.masters()?;
-        let slot = check_slot(&self.prefix, check)?;
+        let slot = check_slot(check)?;
         Some((watch, watch.domain_of(slot)))
     }
 
@@ -1796,7 +1803,8 @@ struct Lazy<C> {
     /// Set for a Cluster the store made (see [`Watch`]).
     watch: Option<Arc<Watch>>,
     /// Set for a Cluster without a watch (a caller's pool): the slots'
-    /// masters, read every [`SLOT_MAP_EVERY`] (see `Watch::map_only`).
+    /// masters, read every [`SLOT_MAP_EVERY`] (see `Watch::map_only`; a
+    /// watch's are read so too, while it holds no master).
     map_only: Option<Arc<Watch>>,
     /// See [`Shape::deadlines`].
     deadlines: bool,
@@ -1971,7 +1979,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             loop {
                 ticks.tick().await;
                 let Some(this) = weak.upgrade() else { return };
-                if this.map_only.is_some() && map_read.elapsed() >= SLOT_MAP_EVERY {
+                if this.masters().is_some() && map_read.elapsed() >= SLOT_MAP_EVERY {
                     map_read = tokio::time::Instant::now();
                     this.read_slot_map(ping_timeout).await;
                 }
@@ -2007,17 +2015,27 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         self.watch.as_ref().or(self.map_only.as_ref())
     }
 
-    /// On a Cluster without a watch (a caller's pool): reads the slots'
-    /// masters (`CLUSTER SLOTS` of any node, bounded by `timeout`).
+    /// On a Cluster: reads the slots' masters (`CLUSTER SLOTS` of any
+    /// node, bounded by `timeout`) into the map of a caller's pool, or into
+    /// the store's watch while it holds no master (its own rounds read them
+    /// while it does; a check does not fail when its slot moves, and the
+    /// watch would otherwise keep the old master for it).
     async fn read_slot_map(&self, timeout: Duration) {
-        let (Some(map), Some(mut conn)) = (&self.map_only, self.get()) else {
+        let map = match (&self.map_only, &self.watch) {
+            (Some(map), _) => map,
+            (None, Some(watch)) if !watch.any_held() => watch,
+            _ => return,
+        };
+        let Some(mut conn) = self.get() else {
             return;
         };
         let Some(ask) = conn.cluster_slots() else {
             return;
         };
-        if let Ok(Ok(answer)) = tokio::time::timeout(timeout, ask).await {
-            map.adopt(answer);
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(Ok(answer)) => map.adopt(answer),
+            Ok(Err(e)) => map.refused(&e),
+            Err(_) => {}
         }
     }
 
@@ -2704,13 +2722,10 @@ fn store_error(e: RedisError) -> StoreError {
 }
 
 /// A check the script refused because the server's clock was past its
-/// deadline, answered while this process still waited: the offset it was
-/// given is off, so the clock is read again.
+/// deadline, answered while this process still waited, and again, or with
+/// no time left to try again (see `RedisStore::run`).
 #[cold]
-fn refused_as_late(clock: Option<&ServerClock>) -> StoreError {
-    if let Some(clock) = clock {
-        clock.doubt();
-    }
+fn refused_as_late() -> StoreError {
     StoreError::new(
         StoreErrorKind::Timeout,
         "redis ran the check after its deadline on the server's clock; nothing was recorded",
@@ -3182,15 +3197,51 @@ impl RedisStore {
 
     async fn run(inner: Arc<Inner>, check: Check) -> Result<Decision, StoreError> {
         let script = inner.scripts.get(&check);
-        let clock = inner.clock_of(&check);
-        let on_server = match (check.now, clock) {
-            (None, Some(clock)) => clock.deadline(inner.timeout),
-            _ => None,
+        let started = Instant::now();
+        let clock = match check.now {
+            None => inner.clock_of(&check),
+            Some(_) => None,
         };
+        let on_server = clock.and_then(|clock| clock.deadline(started, inner.timeout));
         let cmd = eval_cmd(&inner.prefix, script, &check, on_server);
-        let deadline = inner.timeout;
-        let batch = Scripts::batch_of(&check);
-        let reply = match (&inner.batcher, &inner.backend) {
+        let mut reply = inner.send(&check, cmd, inner.timeout).await?;
+        if reply.is_empty() {
+            // Refused as late while this process still waits: the clock's
+            // reading is off for this check (a clock stepped; on a Cluster,
+            // a check redirected to another master, or a slot map not read
+            // since its slot moved). Nothing was recorded: once more,
+            // without a deadline, in the time left.
+            if let Some(clock) = clock {
+                clock.doubt();
+            }
+            let left = inner.timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(refused_as_late());
+            }
+            let cmd = eval_cmd(&inner.prefix, script, &check, None);
+            reply = inner.send(&check, cmd, left).await?;
+            if reply.is_empty() {
+                return Err(refused_as_late());
+            }
+        }
+        if ScriptKind::of(&check) == ScriptKind::StraightCounter {
+            decode_counters(&check, &reply)
+        } else {
+            decode(&check, &reply)
+        }
+    }
+}
+
+impl Inner {
+    /// Sends a check's script call, bounded by `deadline`: its reply.
+    async fn send(
+        &self,
+        check: &Check,
+        cmd: redis::Cmd,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, StoreError> {
+        let batch = Scripts::batch_of(check);
+        match (&self.batcher, &self.backend) {
             // A multiplexed connection's checks (the store's own or a
             // caller's pool's) go in batches, each under the store's
             // deadline as a whole (see `Batcher`); but a sliding log's
@@ -3214,14 +3265,6 @@ impl RedisStore {
             (_, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
             (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
             (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
-        }?;
-        if reply.is_empty() {
-            return Err(refused_as_late(clock));
-        }
-        if ScriptKind::of(&check) == ScriptKind::StraightCounter {
-            decode_counters(&check, &reply)
-        } else {
-            decode(&check, &reply)
         }
     }
 }
@@ -3279,12 +3322,12 @@ impl RedisStore {
 }
 
 /// The Cluster slot of a check's keys (they share it: see [`write_key`]),
-/// from their part up to the hash tag's end; `None` if that part holds no
-/// hash tag (an empty one), when the slot is the whole key's.
-fn check_slot(prefix: &str, check: &CheckRef<'_>) -> Option<u16> {
+/// from their hash tag (the prefix holds no brace, so the key's tag is the
+/// check's up to its first `}`); `None` for an empty one, when the slot is
+/// the whole key's.
+fn check_slot(check: &CheckRef<'_>) -> Option<u16> {
     let tag = check.global.map_or(check.budget, |global| global.tag());
-    let head = format!("{prefix}:{{{tag}}}:");
-    watch::tag_slot(head.as_bytes())
+    watch::tag_slot(tag.as_bytes())
 }
 
 /// Writes one key of a check (see [`RedisStore::keys`]), piece by piece.
@@ -4875,6 +4918,72 @@ mod tests {
             .with_algorithm(Algorithm::FixedWindow)
             .with_block(Duration::from_secs(1));
         assert!(decode(&general, &packed(&[250_000, 9, 4])).is_err());
+    }
+
+    /// A throwaway `redis-server` on a free loopback port, killed when
+    /// dropped (the integration tests' support has more; this module needs
+    /// one server).
+    struct Throwaway(std::process::Child, u16);
+
+    impl Throwaway {
+        fn start() -> Self {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server");
+            let server = Self(child, port);
+            for _ in 0..500 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return server;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            panic!("redis-server did not start on port {port}");
+        }
+    }
+
+    impl Drop for Throwaway {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A check the script refuses as late while the store still waits for
+    /// it (the reading of the server's clock is off: here by a second; on
+    /// a Cluster, a check redirected to another master) goes once more
+    /// without a deadline: decided, and recorded once; and the clock is
+    /// read again.
+    #[tokio::test]
+    async fn a_check_refused_as_late_while_awaited_goes_once_more_without_a_deadline() {
+        let server = Throwaway::start();
+        let store = RedisStore::builder()
+            .url(format!("redis://127.0.0.1:{}", server.1))
+            .timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap();
+        let clock = &store.inner.clock;
+        assert!(clock.deadline(Instant::now(), Duration::ZERO).is_some());
+        clock.offset.fetch_sub(2_000_000, Ordering::Relaxed);
+        let windows = [Window::new(Duration::from_secs(60), 10).unwrap()];
+        let remaining = |d: &Decision| d.windows().first().map(|w| w.remaining);
+        for (nth, left) in [(1, 9), (2, 8)] {
+            let check = Check::new("api:alice", windows.to_vec());
+            let decision = store.check(check).await.unwrap();
+            assert!(decision.allowed(), "check {nth}");
+            assert_eq!(remaining(&decision), Some(left), "check {nth}");
+            // (Refused, then decided: the reading is doubted until the
+            // store reads the clock again.)
+            assert_eq!(clock.deadline(Instant::now(), Duration::ZERO), None);
+            clock.read_at.store(1, Ordering::Release);
+        }
     }
 
     #[test]

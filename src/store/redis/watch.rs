@@ -215,12 +215,15 @@ impl Watch {
     }
 
     /// Puts in use the map of a `CLUSTER SLOTS` answer (of a node the
-    /// store cannot name: a slot it names by an empty host is left out),
-    /// unless it is the one in use.
+    /// store cannot name), unless it is the one in use or names a master by
+    /// the node asked (an empty host: unknown here).
     pub(super) fn adopt(&self, answer: Value) {
-        let Some(map) = parse_slots(answer, "?") else {
+        let Some(map) = parse_slots(answer, "") else {
             return;
         };
+        if map.nodes.iter().any(|(host, _)| host.is_empty()) {
+            return;
+        }
         let old = self.map.load();
         if old.ranges != map.ranges || old.nodes != map.nodes {
             self.publish(map);
@@ -797,16 +800,28 @@ impl Watch {
         let ask = cmd.query_async::<Value>(conn);
         match tokio::time::timeout(self.answer_timeout, ask).await {
             Ok(Ok(answer)) => parse_slots(answer, &node.0),
-            Ok(Err(e)) if e.kind() != redis::ErrorKind::Io && !e.is_timeout() => {
-                if !self.told_unmapped.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        error = %e,
-                        "CLUSTER SLOTS answered with an error on the store's own connection: a redis cluster master that answers nothing is not found, and may hold every master's checks back (an ACL that denies it? allow the store's user `cluster|slots`)"
-                    );
-                }
+            Ok(Err(e)) => {
+                self.refused(&e);
                 None
             }
-            _ => None,
+            Err(_) => None,
+        }
+    }
+
+    /// Logs, once, a `CLUSTER SLOTS` answered with an error other than a
+    /// broken connection or a timeout (an ACL's refusal): without the
+    /// slots, a master that answers nothing is not found (it may hold every
+    /// master's checks back), and the masters are one part for the
+    /// fallback, their checks without a deadline.
+    pub(super) fn refused(&self, e: &RedisError) {
+        if e.kind() == redis::ErrorKind::Io || e.is_timeout() {
+            return;
+        }
+        if !self.told_unmapped.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                error = %e,
+                "CLUSTER SLOTS answered with an error: the store does not know which master serves which slot, so a master that answers nothing is not found, the masters fall back as one, and checks carry no deadline (an ACL that denies it? allow the store's user `cluster|slots`)"
+            );
         }
     }
 }
@@ -931,10 +946,14 @@ pub(super) fn key_slot(key: &[u8]) -> u16 {
     crc16(hash_tag(key).unwrap_or(key)) % SLOTS
 }
 
-/// The slot of every key that starts with `head`, if `head` holds a hash
-/// tag (else the slot depends on the rest of the key).
-pub(super) fn tag_slot(head: &[u8]) -> Option<u16> {
-    hash_tag(head).map(|tag| crc16(tag) % SLOTS)
+/// The slot of every key whose first `{` is followed by `tag` (a key's hash
+/// tag ends at the first `}` after it, in `tag` or after), if that hash tag
+/// is not empty (else the slot is the whole key's).
+pub(super) fn tag_slot(tag: &[u8]) -> Option<u16> {
+    let end = tag.iter().position(|&b| b == b'}').unwrap_or(tag.len());
+    tag.get(..end)
+        .filter(|tag| !tag.is_empty())
+        .map(|tag| crc16(tag) % SLOTS)
 }
 
 /// The bytes between `key`'s first `{` and the next `}`, if there are some.
@@ -989,15 +1008,13 @@ mod tests {
     }
 
     #[test]
-    fn a_keys_head_with_a_hash_tag_tells_its_slot() {
-        assert_eq!(
-            tag_slot(b"rl:{r1:alice}:"),
-            Some(key_slot(b"rl:{r1:alice}:p3"))
-        );
-        assert_eq!(tag_slot(b"a{b}c:{r1:alice}:"), Some(key_slot(b"b")));
-        // (No tag in the head: the rest of the key counts.)
-        assert_eq!(tag_slot(b"rl:{}:"), None);
-        assert_eq!(tag_slot(b"rl:{r1"), None);
+    fn a_tag_after_a_key_s_first_brace_tells_its_slot() {
+        assert_eq!(tag_slot(b"r1:alice"), Some(key_slot(b"rl:{r1:alice}:p3")));
+        // (A tag that holds a `}` ends there, as the key's does.)
+        assert_eq!(tag_slot(b"r1}x"), Some(key_slot(b"rl:{r1}x}:p3")));
+        // (An empty tag: the whole key counts.)
+        assert_eq!(tag_slot(b""), None);
+        assert_eq!(tag_slot(b"}r1"), None);
     }
 
     #[test]
@@ -1036,7 +1053,7 @@ mod tests {
         let deadline = |domain: u32| {
             watch
                 .clock(domain)
-                .and_then(|c| c.deadline(Duration::from_millis(50)))
+                .and_then(|c| c.deadline(std::time::Instant::now(), Duration::from_millis(50)))
         };
         assert_eq!(watch.clocks_due(), vec![]);
         watch.publish(map(vec![node(7000), node(7001)], vec![false, false]));
@@ -1093,18 +1110,22 @@ mod tests {
     fn a_map_only_watch_takes_the_slots_it_is_given() {
         let watch = Watch::map_only().unwrap();
         assert_eq!(watch.domain_of(0), 0);
+        // (A master named by an empty host: the node asked, unknown here.)
+        watch.adopt(Value::Array(vec![
+            slots_entry(0, 8191, slots_node("10.0.0.1", 7000)),
+            slots_entry(8192, 16383, slots_node("", 7001)),
+        ]));
+        assert_eq!(watch.domain_of(0), 0);
         let answer = || {
             Value::Array(vec![
                 slots_entry(0, 8191, slots_node("10.0.0.1", 7000)),
-                slots_entry(8192, 16383, slots_node("", 7001)),
+                slots_entry(8192, 16383, slots_node("10.0.0.3", 7001)),
             ])
         };
         watch.adopt(answer());
-        assert_eq!(watch.domain_of(0), 1);
+        assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (1, 2));
         assert_eq!(watch.domain_node(1), Some(("10.0.0.1".to_owned(), 7000)));
-        // (A master named by an empty host: the node asked, unknown here.)
-        assert_eq!(watch.domain_of(9000), 0);
-        assert_eq!(watch.clocks_due(), vec![(1, 0)]);
+        assert_eq!(watch.clocks_due(), vec![(1, 0), (2, 8192)]);
         // The same map is kept; another is put in use.
         let at = watch.map.load().at;
         watch.adopt(answer());
@@ -1114,7 +1135,7 @@ mod tests {
             16383,
             slots_node("10.0.0.2", 7000),
         )]));
-        assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (2, 2));
+        assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (3, 3));
         assert!(!watch.any_held());
     }
 
