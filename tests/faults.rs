@@ -891,7 +891,7 @@ async fn checks_redis_runs_after_a_stall_are_not_charged() {
 
 /// As [`checks_redis_runs_after_a_stall_are_not_charged`], after a stall
 /// of 400 ms (a fork's, say): the deadline on the server's clock allows the
-/// check's own, the reading's error and 25 ms; until round 44 it allowed
+/// check's own, the reading's error and 5 ms; until round 44 it allowed
 /// 500 ms, and a stall shorter than that charged the user.
 #[tokio::test]
 async fn checks_redis_runs_after_a_short_stall_are_not_charged() {
@@ -920,7 +920,7 @@ async fn stalled_checks_are_not_charged(batched: bool, pause_ms: u64, requests: 
             "batched {batched}"
         );
     }
-    // (Each check's deadline on the server's clock is about 90 ms after it
+    // (Each check's deadline on the server's clock is about 60 ms after it
     // was sent: well before the pause ends.)
     assert!(
         paused.elapsed() < pause.saturating_sub(Duration::from_millis(150)),

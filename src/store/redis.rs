@@ -760,12 +760,16 @@ struct ServerClock {
 
 /// What a deadline on the server's clock allows beyond the check's own,
 /// besides the reading's error (half its round trip) and the clocks' drift
-/// since (see [`CLOCK_DRIFT`]): room for the deadline's rounding (up to
-/// 16 ms) and to spare. A check that Redis runs later than its deadline
-/// and this is refused by the script; one it runs in between is recorded,
-/// though the layer answered it by its fail mode (until round 44 the margin
-/// was 500 ms, and stalls shorter than that charged the requests).
-const CLOCK_MARGIN: Duration = Duration::from_millis(25);
+/// since (see [`CLOCK_DRIFT`]): room to spare, as a check refused as late
+/// while the store still waits for it goes once more without a deadline
+/// (see `RedisStore::run`). A check that Redis runs later than its
+/// deadline and this (and the deadline's rounding, up to 2 ms) is refused
+/// by the script; one it runs in between is recorded, though the layer
+/// answered it by its fail mode (until round 44 the margin was 500 ms, and
+/// stalls shorter than that charged the requests; an outside trial of a
+/// 25 ms margin and 16 ms of rounding still saw requests that waited
+/// 50–90 ms in a paused Redis charged).
+const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 
 /// The most two clocks may drift apart, as a share of the time since a
 /// reading: 1 in 1,000 (NTP slews a clock by at most 500 ppm, and the two
@@ -837,7 +841,7 @@ impl ServerClock {
     /// A check's deadline on the server's clock, in microseconds, for a
     /// check asked at `asked` (now) with `timeout`: that, plus [`CLOCK_MARGIN`], the
     /// reading's error and the clocks' drift since (rounded up to
-    /// 16,384 µs, so that the checks of one batch mostly share it and their
+    /// 2,048 µs, so that the checks of one batch mostly share it and their
     /// numbers); `None` while the clock is unknown.
     fn deadline(&self, asked: Instant, timeout: Duration) -> Option<i64> {
         let read_at = self.read_at.load(Ordering::Acquire);
@@ -855,7 +859,7 @@ impl ServerClock {
         let at = now
             .saturating_add(offset)
             .saturating_add(saturating_i64(after));
-        Some((at | 0x3fff).saturating_add(1))
+        Some((at | 0x7ff).saturating_add(1))
     }
 
     /// Asks for a new reading (a check was refused as late while this
@@ -1947,8 +1951,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// Every tick (a second, or half the keepalive period if shorter):
     /// reads the server's clock when it is due (see [`ServerClock`]; on a
     /// Cluster, each master's, as its nodes keep clocks of their own: see
-    /// [`read_master_clocks`](Self::read_master_clocks), and through a
-    /// caller's pool the slots every [`SLOT_MAP_EVERY`]); and, with a
+    /// [`read_master_clocks`](Self::read_master_clocks), and the slots
+    /// every [`SLOT_MAP_EVERY`]: see [`read_slot_map`](Self::read_slot_map));
+    /// and, with a
     /// `keepalive` period, reads it too when that long passed without a
     /// reply on the connection: the reading is the ping, so a connection
     /// the server (its `timeout`), a load balancer or a NAT closed while
