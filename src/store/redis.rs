@@ -826,6 +826,10 @@ impl ServerClock {
             let ms =
                 u64::try_from(received.duration_since(self.origin).as_millis()).unwrap_or(u64::MAX);
             self.read_at.store(ms.saturating_add(1), Ordering::Release);
+            // (A doubt that came meanwhile wins.)
+            if self.generation.load(Ordering::Acquire) != generation {
+                self.read_at.store(0, Ordering::Release);
+            }
         }
         Ok(())
     }
@@ -2034,11 +2038,12 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         let Some(mut conn) = self.get() else {
             return;
         };
+        let seen = map.current();
         let Some(ask) = conn.cluster_slots() else {
             return;
         };
         match tokio::time::timeout(timeout, ask).await {
-            Ok(Ok(answer)) => map.adopt(answer),
+            Ok(Ok(answer)) => map.adopt(answer, &seen),
             Ok(Err(e)) => map.refused(&e),
             Err(_) => {}
         }
@@ -3215,7 +3220,10 @@ impl RedisStore {
             // reading is off for this check (a clock stepped; on a Cluster,
             // a check redirected to another master, or a slot map not read
             // since its slot moved). Nothing was recorded: once more,
-            // without a deadline, in the time left.
+            // without a deadline, in the time left. (The refusal is the
+            // last run's: a Cluster client that sent the call again after
+            // a connection broke under it may have run it before, as any
+            // such retry may.)
             if let Some(clock) = clock {
                 clock.doubt();
             }
@@ -3224,7 +3232,7 @@ impl RedisStore {
                 return Err(refused_as_late());
             }
             let cmd = eval_cmd(&inner.prefix, script, &check, None);
-            reply = inner.send(&check, cmd, left).await?;
+            reply = inner.send_alone(&cmd, left).await?;
             if reply.is_empty() {
                 return Err(refused_as_late());
             }
@@ -3238,6 +3246,27 @@ impl RedisStore {
 }
 
 impl Inner {
+    /// Sends a check's call once more after a refusal as late (see
+    /// `RedisStore::run`): alone, not in a batch (whose bound, its
+    /// earliest check's, it would shorten for the others), bounded by
+    /// `left` as a whole on every connection, and not counted in the
+    /// connection's health (a short bound that runs out says little). It
+    /// carries no deadline on the server's clock: were Redis slower than
+    /// `left` here, it would record a check answered by the fail mode.
+    async fn send_alone(&self, cmd: &redis::Cmd, left: Duration) -> Result<Vec<u8>, StoreError> {
+        let call = Box::pin(async {
+            match &self.backend {
+                Backend::Direct(lazy) => lazy.invoke(cmd, left).await,
+                Backend::Cluster(lazy) => lazy.invoke(cmd, left).await,
+                Backend::Pool(lazy) => lazy.invoke(cmd, left).await,
+                Backend::ClusterPool(lazy) => lazy.invoke(cmd, left).await,
+            }
+        });
+        tokio::time::timeout(left, call)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout()))
+    }
+
     /// Sends a check's script call, bounded by `deadline`: its reply.
     async fn send(
         &self,

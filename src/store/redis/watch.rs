@@ -38,7 +38,7 @@ const LEAST_ANSWER: Duration = Duration::from_millis(250);
 /// Which master serves each slot, as the Cluster said when last asked, and
 /// which of them are held.
 #[derive(Clone, Default)]
-struct Map {
+pub(super) struct Map {
     /// (first slot, last slot, index in `nodes`), by first slot.
     ranges: Vec<(u16, u16, usize)>,
     nodes: Vec<Node>,
@@ -132,6 +132,8 @@ pub(super) struct Watch {
     /// Each failure domain's master's clock, by its number (see
     /// [`clock`](Self::clock)).
     clocks: Box<[super::ServerClock]>,
+    /// Held while a map is put in use (see [`adopt`](Self::adopt)).
+    publishing: std::sync::Mutex<()>,
     connect_timeout: Duration,
     answer_timeout: Duration,
 }
@@ -197,6 +199,7 @@ impl Watch {
             moved_at: ArcSwapOption::empty(),
             domains: std::sync::Mutex::default(),
             clocks: (0..64).map(|_| super::ServerClock::new()).collect(),
+            publishing: std::sync::Mutex::new(()),
             connect_timeout,
             answer_timeout: timeout.saturating_mul(2).max(LEAST_ANSWER),
         }))
@@ -214,19 +217,35 @@ impl Watch {
         Self::new(base, Vec::new(), Duration::ZERO, Duration::ZERO)
     }
 
+    /// The map in use, to give [`adopt`](Self::adopt) with an answer
+    /// asked for after this.
+    pub(super) fn current(&self) -> Arc<Map> {
+        self.map.load_full()
+    }
+
     /// Puts in use the map of a `CLUSTER SLOTS` answer (of a node the
-    /// store cannot name), unless it is the one in use or names a master by
-    /// the node asked (an empty host: unknown here).
-    pub(super) fn adopt(&self, answer: Value) {
+    /// store cannot name), asked for while `seen` was in use; unless
+    /// another was put in use since (the watch's own round, which may hold
+    /// a master), a master is held, it is the one in use, or it names a
+    /// master by the node asked (an empty host: unknown here).
+    pub(super) fn adopt(&self, answer: Value, seen: &Arc<Map>) {
         let Some(map) = parse_slots(answer, "") else {
             return;
         };
         if map.nodes.iter().any(|(host, _)| host.is_empty()) {
             return;
         }
+        let _publishing = self
+            .publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let old = self.map.load();
+        if !Arc::ptr_eq(&old, seen) || self.any_held() {
+            return;
+        }
         if old.ranges != map.ranges || old.nodes != map.nodes {
-            self.publish(map);
+            drop(old);
+            self.publish_locked(map);
         }
     }
 
@@ -544,7 +563,16 @@ impl Watch {
 
     /// Puts `map` in use, saying which masters it holds and lets go of;
     /// whether it holds any.
-    fn publish(&self, mut map: Map) -> bool {
+    fn publish(&self, map: Map) -> bool {
+        let _publishing = self
+            .publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.publish_locked(map)
+    }
+
+    /// [`publish`](Self::publish), `publishing` held.
+    fn publish_locked(&self, mut map: Map) -> bool {
         let old = self.map.load();
         map.at = Some(tokio::time::Instant::now());
         self.give_domains(&mut map);
@@ -1112,10 +1140,11 @@ mod tests {
         let watch = Watch::map_only().unwrap();
         assert_eq!(watch.domain_of(0), 0);
         // (A master named by an empty host: the node asked, unknown here.)
-        watch.adopt(Value::Array(vec![
+        let unnamed = Value::Array(vec![
             slots_entry(0, 8191, slots_node("10.0.0.1", 7000)),
             slots_entry(8192, 16383, slots_node("", 7001)),
-        ]));
+        ]);
+        watch.adopt(unnamed, &watch.current());
         assert_eq!(watch.domain_of(0), 0);
         let answer = || {
             Value::Array(vec![
@@ -1123,19 +1152,31 @@ mod tests {
                 slots_entry(8192, 16383, slots_node("10.0.0.3", 7001)),
             ])
         };
-        watch.adopt(answer());
+        watch.adopt(answer(), &watch.current());
         assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (1, 2));
         assert_eq!(watch.domain_node(1), Some(("10.0.0.1".to_owned(), 7000)));
         assert_eq!(watch.clocks_due(), vec![(1, 0), (2, 8192)]);
         // The same map is kept; another is put in use.
         let at = watch.map.load().at;
-        watch.adopt(answer());
+        watch.adopt(answer(), &watch.current());
         assert_eq!(watch.map.load().at, at);
-        watch.adopt(Value::Array(vec![slots_entry(
-            0,
-            16383,
-            slots_node("10.0.0.2", 7000),
-        )]));
+        let other = Value::Array(vec![slots_entry(0, 16383, slots_node("10.0.0.2", 7000))]);
+        // Not over a map put in use since the answer was asked for, nor
+        // over one that holds a master (the watch's own rounds read the
+        // slots then).
+        let seen = watch.current();
+        watch.publish(Map::clone(&watch.current()));
+        watch.adopt(other.clone(), &seen);
+        assert_eq!(watch.domain_of(0), 1);
+        let mut holding = Map::clone(&watch.current());
+        holding.held = vec![true, false];
+        watch.publish(holding);
+        watch.adopt(other.clone(), &watch.current());
+        assert_eq!(watch.domain_of(0), 1);
+        let mut free = Map::clone(&watch.current());
+        free.held = vec![false, false];
+        watch.publish(free);
+        watch.adopt(other, &watch.current());
         assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (3, 3));
         assert!(!watch.any_held());
     }
