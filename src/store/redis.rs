@@ -2800,7 +2800,7 @@ fn held(node: &watch::Node) -> StoreError {
     StoreError::new(
         StoreErrorKind::Unavailable,
         format!(
-            "the redis cluster master of this check's slot ({}) answers nothing; its checks fail at once until it does",
+            "the redis cluster master of this check's slot ({}) answers nothing; its checks fail at once until it answers or its slots move",
             watch::name(node)
         ),
     )
