@@ -891,8 +891,9 @@ async fn checks_redis_runs_after_a_stall_are_not_charged() {
 
 /// As [`checks_redis_runs_after_a_stall_are_not_charged`], after a stall
 /// of 400 ms (a fork's, say): the deadline on the server's clock allows the
-/// check's own, the reading's error and 5 ms; until round 44 it allowed
-/// 500 ms, and a stall shorter than that charged the user.
+/// check's own, the reading's error, 5 ms, up to 2 ms of rounding and the
+/// clocks' drift since the reading; until round 44 it allowed 500 ms, and
+/// a stall shorter than that charged the user.
 #[tokio::test]
 async fn checks_redis_runs_after_a_short_stall_are_not_charged() {
     for batched in [false, true] {

@@ -82,8 +82,9 @@
 //! # Deadline and failures
 //!
 //! Every check has a deadline ([`RedisStoreBuilder::timeout`], default
-//! 50 ms) covering the script, its `NOSCRIPT` retry and, on a Cluster, its
-//! tries while its slot moves. A check that misses
+//! 50 ms) covering the script, its `NOSCRIPT` retry, on a Cluster its
+//! tries while its slot moves, and its one try again after a refusal as
+//! late (below). A check that misses
 //! it, or fails, returns a [`StoreError`] and the layer applies its
 //! [`FailMode`](crate::FailMode). A broken connection is replaced in the
 //! background (retrying every 25 to 500 ms), so limiting resumes by itself
@@ -109,10 +110,14 @@
 //! one that followed the `ASK`), then goes again.
 //!
 //! A check carries its deadline on the server's clock (read with `TIME`
-//! when the store connects and every 10 s), so that Redis, stalled past
-//! it, refuses the check instead of recording a request the layer already
-//! answered by its fail mode; on a Cluster, on the clock of the master
-//! that serves the check's slot.
+//! when the store connects and every 10 s), plus a margin of the reading's
+//! error, 5 ms and 1 ms per second since the reading, rounded up to 2 ms,
+//! so that Redis, stalled past it, refuses the check instead of recording
+//! a request the layer already answered by its fail mode; one refused
+//! while the store still waits goes once more without a deadline in the
+//! time left. On a Cluster (the store's own client or a caller's pool), on
+//! the clock of the master that serves the check's slot, as the store last
+//! read the slots.
 //!
 //! # Key layout
 //!
@@ -1963,7 +1968,9 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// the server (its `timeout`), a load balancer or a NAT closed while
     /// idle is found, and replaced, before a request needs it, and one kept
     /// busy is never closed for idleness. While checks flow, one command
-    /// every [`CLOCK_READ_EVERY`], none per request. Ends with the store.
+    /// every [`CLOCK_READ_EVERY`] (on a Cluster, one per master, and a
+    /// `CLUSTER SLOTS` every [`SLOT_MAP_EVERY`]), none per request. Ends
+    /// with the store.
     fn maintain(self: &Arc<Self>, keepalive: Option<Duration>, ping_timeout: Duration) {
         const SECOND: Duration = Duration::from_secs(1);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -2732,8 +2739,9 @@ fn store_error(e: RedisError) -> StoreError {
 }
 
 /// A check the script refused because the server's clock was past its
-/// deadline, answered while this process still waited, and again, or with
-/// no time left to try again (see `RedisStore::run`).
+/// deadline, answered while this process still waited, with no time left
+/// to try again (or, defensively, an empty reply to the try again, which
+/// carries no deadline; see `RedisStore::run`).
 #[cold]
 fn refused_as_late() -> StoreError {
     StoreError::new(
@@ -4383,6 +4391,10 @@ impl RedisStoreBuilder {
     /// store none, and a hung master's promoted replica is followed only
     /// once the kept client learns of it (the store's own client, with
     /// [`cluster`](Self::cluster), follows it within a few seconds).
+    /// The store reads the Cluster's slots through it (`CLUSTER SLOTS` at
+    /// connect and every 5 s; its user needs `cluster|slots`), so that
+    /// [`FailMode::Fallback`](crate::FailMode::Fallback) is down master by
+    /// master and each check carries its master's deadline.
     /// Size the pool for your own code plus two connections.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::ClusterPool(pool));
@@ -4397,8 +4409,10 @@ impl RedisStoreBuilder {
     }
 
     /// The deadline of one check (default 50 ms): the script, its reload
-    /// and second try after a `NOSCRIPT`, and on a Cluster its tries while
-    /// its slot moves (2 to 16 ms apart). A check past it fails with
+    /// and second try after a `NOSCRIPT`, on a Cluster its tries while its
+    /// slot moves (2 to 16 ms apart), and its one try again after Redis
+    /// refused it as late while the store still waited (see the module's
+    /// docs). A check past it fails with
     /// [`StoreErrorKind::Timeout`], and the
     /// layer's fail mode applies; give at least a round trip and Redis's
     /// own time (a zero deadline fails every check).
