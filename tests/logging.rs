@@ -226,17 +226,26 @@ impl tower_ratelimit::Store for Parted {
     }
 }
 
+impl Parted {
+    /// A store with part 7 down, under an app (100 a second) that falls
+    /// back.
+    fn down_under_fallback() -> (Self, App) {
+        let store = Parted::default();
+        let app = App::with(one(Rule::new().second(100)), store.clone(), |l| {
+            l.fail_mode(tower_ratelimit::FailMode::Fallback)
+        });
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        (store, app)
+    }
+}
+
 /// Under `FailMode::Fallback`, a part of the store that goes down is named
 /// at `warn` as it goes, and at `info` as its first check is decided by the
 /// store again; the other parts' checks say nothing.
 #[test]
 fn a_part_of_the_store_down_and_back_is_named() {
     let work = async {
-        let store = Parted::default();
-        let app = App::with(one(Rule::new().second(100)), store.clone(), |l| {
-            l.fail_mode(tower_ratelimit::FailMode::Fallback)
-        });
-        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (store, app) = Parted::down_under_fallback();
         for user in ["d", "u", "d", "u"] {
             assert_eq!(app.get("/a", user).await.status, 200);
         }
@@ -258,11 +267,7 @@ fn a_part_of_the_store_down_and_back_is_named() {
 #[test]
 fn a_forgotten_part_is_named() {
     let work = async {
-        let store = Parted::default();
-        let app = App::with(one(Rule::new().second(100)), store.clone(), |l| {
-            l.fail_mode(tower_ratelimit::FailMode::Fallback)
-        });
-        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (_store, app) = Parted::down_under_fallback();
         assert_eq!(app.get("/a", "d").await.status, 200);
         // (Part 2's checks alone, on the layer's clock: the parts are
         // looked over by the first at 0.8 s, then 2 s on.)

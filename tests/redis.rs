@@ -2462,16 +2462,7 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     let (source, _) = cluster.master_and_replica(slot.parse().unwrap());
     let target = (source + 1) % cluster.nodes.len();
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
-    let id = |i: usize| cli(ports[i], &["cluster", "myid"]);
-    let (source_id, target_id) = (id(source), id(target));
-    cli(
-        ports[target],
-        &["cluster", "setslot", &slot, "importing", &source_id],
-    );
-    cli(
-        ports[source],
-        &["cluster", "setslot", &slot, "migrating", &target_id],
-    );
+    let target_id = start_moving(&ports, &slot, (source, target));
 
     // Every key of Alice's check is still on the source.
     let started = Instant::now();
@@ -2493,6 +2484,22 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     // And on the new node, as the Cluster now says.
     let decision = store.check(check("carol")).await.unwrap();
     assert_eq!(decision.windows()[1].remaining, 1000 - 4);
+}
+
+/// Begins moving `slot` from the Cluster node at `ports[source]` to the one
+/// at `ports[target]` (importing there, migrating here): the target's id.
+fn start_moving(ports: &[u16], slot: &str, (source, target): (usize, usize)) -> String {
+    let id = |i: usize| cli(ports[i], &["cluster", "myid"]);
+    let (source_id, target_id) = (id(source), id(target));
+    cli(
+        ports[target],
+        &["cluster", "setslot", slot, "importing", &source_id],
+    );
+    cli(
+        ports[source],
+        &["cluster", "setslot", slot, "migrating", &target_id],
+    );
+    target_id
 }
 
 /// Ends the move of `slot` (importing, migrating) from the Cluster node at
@@ -2551,16 +2558,7 @@ async fn the_store_follows_a_slot_moved_while_no_check_failed() {
         .unwrap();
     let domain = |user: &str| store.failure_domain(&check(user).as_ref());
     assert!(domain("alice") != 0 && domain("alice") != domain(&neighbour));
-    let target_id = cli(ports[target], &["cluster", "myid"]);
-    let source_id = cli(ports[source], &["cluster", "myid"]);
-    cli(
-        ports[target],
-        &["cluster", "setslot", &slot, "importing", &source_id],
-    );
-    cli(
-        ports[source],
-        &["cluster", "setslot", &slot, "migrating", &target_id],
-    );
+    let target_id = start_moving(&ports, &slot, (source, target));
     finish_moving(&ports, &slot, (source, target), &target_id);
     let moved = Instant::now();
     while domain("alice") != domain(&neighbour) {
@@ -2610,16 +2608,7 @@ async fn checks_of_a_moved_budget_are_decided_while_its_slot_migrates() {
         .collect();
     assert!(!locals.is_empty());
     assert!(store.check(check("moved")).await.unwrap().allowed());
-    let id = |i: usize| cli(ports[i], &["cluster", "myid"]);
-    let (source_id, target_id) = (id(source), id(target));
-    cli(
-        ports[target],
-        &["cluster", "setslot", &slot, "importing", &source_id],
-    );
-    cli(
-        ports[source],
-        &["cluster", "setslot", &slot, "migrating", &target_id],
-    );
+    start_moving(&ports, &slot, (source, target));
     let key = store.keys(&check("moved"))[0].clone();
     let target_port = ports[target].to_string();
     let moved = cli(

@@ -1062,12 +1062,7 @@ mod tests {
         assert_eq!(watch.domain_node(2), None);
         // Numbers go round, never to a master the slots name: 63 masters,
         // each a number of its own (the forgotten master's 2 among them).
-        let mut nodes = vec![node(7000), node(7002)];
-        nodes.extend((0..61).map(|i| node(8000 + i)));
-        let count = nodes.len();
-        let mut many = map(nodes, vec![false; count]);
-        many.ranges = vec![(0, 16_383, 0)];
-        watch.publish(many);
+        watch.publish(sixty_three_masters());
         let mut given = watch.map.load().domains.clone();
         given.sort_unstable();
         given.dedup();
@@ -1105,12 +1100,7 @@ mod tests {
         assert_eq!(deadline(3), None);
         // The forgotten master's number, given to another master, comes
         // without its clock.
-        let mut nodes = vec![node(7000), node(7002)];
-        nodes.extend((0..61).map(|i| node(8000 + i)));
-        let count = nodes.len();
-        let mut many = map(nodes, vec![false; count]);
-        many.ranges = vec![(0, 16_383, 0)];
-        watch.publish(many);
+        watch.publish(sixty_three_masters());
         assert!(watch.domain_node(2).is_some());
         assert_eq!(deadline(2), None);
     }
@@ -1179,6 +1169,16 @@ mod tests {
         watch.adopt(other, &watch.current());
         assert_eq!((watch.domain_of(0), watch.domain_of(9000)), (3, 3));
         assert!(!watch.any_held());
+    }
+
+    /// 63 masters: 7000, 7002 and 61 more, all the slots the first's.
+    fn sixty_three_masters() -> Map {
+        let mut nodes = vec![node(7000), node(7002)];
+        nodes.extend((0..61).map(|i| node(8000 + i)));
+        let count = nodes.len();
+        let mut many = map(nodes, vec![false; count]);
+        many.ranges = vec![(0, 16_383, 0)];
+        many
     }
 
     fn node(port: u16) -> Node {
