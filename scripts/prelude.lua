@@ -27,8 +27,8 @@
 -- reset_us, blocked (0/1), the remaining of every user window, then of
 -- every route-wide window, where
 -- reset_us belongs to the constraining window (fewest remaining; ties: the
--- longer window, which holds a client back longer, then the last in that
--- order, a route-wide one before the user's). (The straight-line
+-- shorter window, then the first in that order, the user's before a
+-- route-wide one). (The straight-line
 -- counter scripts answer otherwise: allowed, now, then the state they
 -- left; see straight_fixed_window.lua. The packed sliding log answers an
 -- allowed request with reset_us and the remaining alone.) All or nothing: a

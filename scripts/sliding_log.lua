@@ -89,13 +89,13 @@ end
 out[2] = retry
 
 -- Remaining = limit - count, at least 0, and the constraining window (the
--- fewest; on a tie, the longer window, then the last), which resets when its oldest entry leaves it.
+-- fewest; on a tie, the shorter window, then the first), which resets when its oldest entry leaves it.
 local best, least = 0, 0
 for w = 1, W do
   local r = V[5 + 2 * w] - C[w]
   if r < 0 then r = 0 end
   out[4 + w] = r
-  if best == 0 or r < least or (r == least and V[4 + 2 * w] >= V[4 + 2 * best]) then
+  if best == 0 or r < least or (r == least and V[4 + 2 * w] < V[4 + 2 * best]) then
     best, least = w, r
   end
 end

@@ -49,7 +49,7 @@ end
 out[2] = retry
 
 -- Remaining = floor(max(limit - used, 0)), and the constraining window (the
--- fewest; on a tie, the longer window, then the last), which resets when one more request fits.
+-- fewest; on a tie, the shorter window, then the first), which resets when one more request fits.
 local best, least = 0, 0
 for w = 1, W do
   local d = V[4 + 2 * w]
@@ -58,7 +58,7 @@ for w = 1, W do
   local r = V[5 + 2 * w] - (S[4 * w - 1] * (d - elapsed) / d + S[4 * w - 2])
   if r > 0 then r = r - r % 1 else r = 0 end
   out[4 + w] = r
-  if best == 0 or r < least or (r == least and V[4 + 2 * w] >= V[4 + 2 * best]) then
+  if best == 0 or r < least or (r == least and V[4 + 2 * w] < V[4 + 2 * best]) then
     best, least = w, r
   end
 end

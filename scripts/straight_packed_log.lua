@@ -335,13 +335,13 @@ if allowed == 0 and block > 0 then
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the
--- fewest; on a tie, the longer: the user's windows alone, shortest first,
--- so the last), which resets when its oldest entry leaves it.
+-- fewest; on a tie, the shorter: the user's windows alone, shortest first,
+-- so the first), which resets when its oldest entry leaves it.
 local least, reset = 9007199254740992, 0
 --$each
 local r@ = n@ - c@
 if r@ < 0 then r@ = 0 end
-if r@ <= least then
+if r@ < least then
   least, reset = r@, 0
   if c@ > 0 and o@ then reset = o@ + d@ - now end
 end

@@ -42,7 +42,7 @@ end
 out[2] = retry
 
 -- The tokens left, floor((size*t - (TAT - now)) / t) and at least 0, and
--- the constraining window (the fewest; on a tie, the longer, then the last): its reset is when
+-- the constraining window (the fewest; on a tie, the shorter, then the first): its reset is when
 -- one more token is back.
 local best, least, best_t = 0, 0, 1
 for w = 1, W do
@@ -52,7 +52,7 @@ for w = 1, W do
   local r = 0
   if a > 0 then r = (a - a % t) / t end
   out[4 + w] = r
-  if best == 0 or r < least or (r == least and V[4 + 2 * w] >= V[4 + 2 * best]) then
+  if best == 0 or r < least or (r == least and V[4 + 2 * w] < V[4 + 2 * best]) then
     best, least, best_t = w, r, t
   end
 end

@@ -1,9 +1,8 @@
 //! How a [`Decision`] becomes response headers and denial responses.
 //!
 //! Every limited response carries, for the *constraining* window (the one
-//! with the fewest requests remaining; ties go to the longer window, the
-//! one that holds a client back longer, then to a route-wide one before
-//! the user's own):
+//! with the fewest requests remaining; ties go to the shorter window, then
+//! to the user's own before a route-wide one):
 //!
 //! | header | value |
 //! |---|---|
@@ -208,11 +207,10 @@ impl RateHeaders {
                 ..Self::default()
             };
         };
-        // (On a denial, never sooner than `Retry-After`: when the window
-        // that frees first is not the one that denies, as when two windows
-        // are both spent, a client retrying at the reset would be denied
-        // again.)
-        let reset = ceil_secs(decision.reset_after()).max(retry_after);
+        // (The constraining window's own reset, on a denial too: when
+        // another window also denies, as when two are both spent, it frees
+        // a slot before the request may pass, which `Retry-After` tells.)
+        let reset = ceil_secs(decision.reset_after());
         let limit = matches!(
             mode,
             HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows

@@ -108,32 +108,38 @@ async fn shadow_mode_never_denies_but_reports() {
     );
 }
 
-/// On a 429, `X-RateLimit-Reset` (and the IETF `t`) is never sooner than
-/// `Retry-After`, and with two windows both spent the headers describe the
-/// longer one, which holds the client back: the shorter frees first, and a
-/// client retrying at its reset would be denied again.
+/// With two windows both spent, the headers describe the shorter one (a
+/// tie), on a 429 too: `X-RateLimit-Reset` (and the IETF `t`) is when it
+/// frees a slot, and `Retry-After` when the request may pass, once the
+/// longer one has freed one too.
 #[tokio::test]
-async fn a_denial_never_resets_before_its_retry() {
+async fn a_denial_s_reset_is_its_constraining_window_s() {
     let app = App::with(
         one(Rule::new().second(1).minute(1)),
         MemoryStore::new(),
         |l| l.headers(HeaderMode::Both),
     );
     let first = app.get("/a", "u").await;
-    assert_eq!(first.number("x-ratelimit-reset"), 60);
+    assert_eq!(first.number("x-ratelimit-reset"), 1);
     assert_eq!(
         first.header("ratelimit"),
-        Some(r#""1s";r=0, "60s";r=0;t=60"#)
+        Some(r#""1s";r=0;t=1, "60s";r=0"#)
     );
     let denied = app.get("/a", "u").await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.number("retry-after"), 60);
-    assert_eq!(denied.number("x-ratelimit-reset"), 60);
+    assert_eq!(denied.number("x-ratelimit-reset"), 1);
     assert_eq!(
         denied.header("ratelimit"),
-        Some(r#""1s";r=0, "60s";r=0;t=60"#)
+        Some(r#""1s";r=0;t=1, "60s";r=0"#)
     );
-    app.advance_ms(59_999);
+    // Past the second's reset, the minute alone denies: its own reset.
+    app.advance_ms(1_000);
+    let denied = app.get("/a", "u").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("x-ratelimit-reset"), 59);
+    assert_eq!(denied.number("retry-after"), 59);
+    app.advance_ms(58_999);
     assert_eq!(
         app.get("/a", "u").await.status,
         StatusCode::TOO_MANY_REQUESTS
@@ -793,9 +799,9 @@ async fn a_block_is_cached_with_every_window_shown() {
 }
 
 /// A cached denial's headers are the store's own: replayed only while the
-/// windows they report still hold (here, two spent windows, the longer
-/// one reported, while the shorter frees a slot long before the request
-/// may pass: not cached until the longer alone denies).
+/// windows they report still hold (here, two spent windows, the shorter
+/// one reported, which frees a slot long before the request may pass:
+/// cached only until it does).
 #[tokio::test]
 async fn a_cached_denial_reports_what_the_store_would() {
     let rules = || {

@@ -498,9 +498,9 @@ impl Decision {
     /// A decision. `windows` (the user's, then the route-wide ones) beyond
     /// `2 * MAX_WINDOWS` are ignored; `reset_after` belongs to the
     /// [constraining](Self::constraining) window: the fewest remaining,
-    /// and on a tie the longer window, then the last (a store written for
-    /// an earlier version, which took the first on a tie, must follow, or
-    /// its headers would give one window's limit with another's reset).
+    /// and on a tie the shorter window, then the first (a store written
+    /// for a version that took the longer on a tie must follow, or its
+    /// headers would give one window's limit with another's reset).
     // (Inlined: every algorithm's one-window path makes its decision with
     // it, and a call per check shows in their instruction counts.)
     #[inline(always)]
@@ -648,9 +648,9 @@ impl Decision {
         self.windows.as_slice()
     }
 
-    /// The window with the fewest requests remaining (ties: the longer
-    /// window, which holds a client back longer; then the route's before
-    /// the user's): the one the `X-RateLimit-*` headers describe.
+    /// The window with the fewest requests remaining (ties: the shorter
+    /// window; then the user's before the route's): the one the
+    /// `X-RateLimit-*` headers describe.
     pub fn constraining(&self) -> Option<&WindowState> {
         self.constraining_index()
             .and_then(|i| self.windows().get(i))
@@ -668,15 +668,15 @@ impl Decision {
 }
 
 /// The index of the window with the fewest remaining, of `(remaining,
-/// length in microseconds)` pairs; ties go to the longer window, then to
-/// the last (a route-wide window, listed after the user's).
+/// length in microseconds)` pairs; ties go to the shorter window, then to
+/// the first (the user's, listed before a route-wide one).
 pub(crate) fn constraining(windows: impl IntoIterator<Item = (u32, u64)>) -> Option<usize> {
     windows
         .into_iter()
         .enumerate()
         .reduce(|best, w| {
             let ((r, d), (best_r, best_d)) = (w.1, best.1);
-            if r < best_r || (r == best_r && d >= best_d) {
+            if r < best_r || (r == best_r && d < best_d) {
                 w
             } else {
                 best

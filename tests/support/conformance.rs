@@ -19,9 +19,9 @@ macro_rules! conformance_suite {
             custom_windows_are_exact,
             all_or_nothing_across_windows,
             headers_describe_the_constraining_window,
-            a_tie_describes_the_window_that_holds_the_client_back,
-            a_tie_between_the_user_and_the_route_goes_to_the_longer,
-            every_algorithm_breaks_a_tie_for_the_longer_window,
+            a_tie_describes_the_shorter_window,
+            a_tie_between_the_user_and_the_route_goes_to_the_shorter,
+            every_algorithm_breaks_a_tie_for_the_shorter_window,
             groups_pick_their_rule,
             routes_fall_through_to_a_rule_for_the_group,
             methods_have_their_own_budgets,
@@ -216,10 +216,10 @@ pub async fn headers_describe_the_constraining_window<St: Store>(
         .build()
         .unwrap();
     let app = App::new(rules, store.await);
-    // Both windows have 4 left: the longer one is described.
+    // Both windows have 4 left: the shorter one is described.
     let tie = app.get("/tie", "u").await;
     assert_eq!(tie.number("x-ratelimit-remaining"), 4);
-    assert_eq!(tie.number("x-ratelimit-reset"), 60);
+    assert_eq!(tie.number("x-ratelimit-reset"), 1);
     // The hour window has fewer left than the second window.
     let long = app.get("/long", "u").await;
     assert_eq!(long.number("x-ratelimit-limit"), 3);
@@ -227,10 +227,10 @@ pub async fn headers_describe_the_constraining_window<St: Store>(
     assert_eq!(long.number("x-ratelimit-reset"), 3600);
 }
 
-/// Two windows spent at once with different limits: every header of a
-/// response describes the same window, the minute that holds the client
-/// back, not the second's limit beside the minute's wait.
-pub async fn a_tie_describes_the_window_that_holds_the_client_back<St: Store>(
+/// Two windows with as many left, then both spent, with different limits:
+/// every `X-RateLimit-*` header describes the same window, the shorter
+/// (its limit and its reset), and `Retry-After` the wait for the minute.
+pub async fn a_tie_describes_the_shorter_window<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
     let app = App::new(
@@ -247,22 +247,25 @@ pub async fn a_tie_describes_the_window_that_holds_the_client_back<St: Store>(
     };
     assert_eq!(seen(&app.get("/a", "u").await), (200, 2, 1, 1));
     app.advance_ms(1_100);
-    assert_eq!(seen(&app.get("/a", "u").await), (200, 3, 1, 59));
-    // Both windows spent: the minute's limit and reset, not the second's.
-    assert_eq!(seen(&app.get("/a", "u").await), (200, 3, 0, 59));
+    // One left in each: the second's limit and reset.
+    assert_eq!(seen(&app.get("/a", "u").await), (200, 2, 1, 1));
+    // Both windows spent: still the second's, not the minute's.
+    assert_eq!(seen(&app.get("/a", "u").await), (200, 2, 0, 1));
     let denied = app.get("/a", "u").await;
-    assert_eq!(seen(&denied), (429, 3, 0, 59));
+    assert_eq!(seen(&denied), (429, 2, 0, 1));
     assert_eq!(denied.number("retry-after"), 59);
+    // The second has a slot again: the minute alone denies, and is
+    // described.
     app.advance_ms(1_000);
     let denied = app.get("/a", "u").await;
     assert_eq!(seen(&denied), (429, 3, 0, 58));
     assert_eq!(denied.number("retry-after"), 58);
 }
 
-/// A tie between the user's window and the route's goes to the longer too,
-/// whichever budget it is in: here the user's minute over the route's
-/// second, where the route's window, listed last, would win on order alone.
-pub async fn a_tie_between_the_user_and_the_route_goes_to_the_longer<St: Store>(
+/// A tie between the user's window and the route's goes to the shorter
+/// too, whichever budget it is in: here the route's second over the user's
+/// minute, where the user's window, listed first, would win on order alone.
+pub async fn a_tie_between_the_user_and_the_route_goes_to_the_shorter<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
     let rules = Rules::builder()
@@ -278,12 +281,13 @@ pub async fn a_tie_between_the_user_and_the_route_goes_to_the_longer<St: Store>(
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     // (v spends the route's last request of this second.)
     assert_eq!(app.get("/a", "v").await.status, StatusCode::OK);
-    // u: its minute and the route's second both spent.
+    // u: its minute and the route's second both spent; the route's second
+    // is described, the user's minute is the wait.
     let denied = app.get("/a", "u").await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(denied.number("x-ratelimit-limit"), 2);
+    assert_eq!(denied.number("x-ratelimit-limit"), 3);
     assert_eq!(denied.number("x-ratelimit-remaining"), 0);
-    assert_eq!(denied.number("x-ratelimit-reset"), 60);
+    assert_eq!(denied.number("x-ratelimit-reset"), 1);
     assert_eq!(denied.number("retry-after"), 60);
     // v's own minute has room, the route's second is spent: denied by the
     // route alone, which the headers name.
@@ -294,9 +298,10 @@ pub async fn a_tie_between_the_user_and_the_route_goes_to_the_longer<St: Store>(
 }
 
 /// Every algorithm (in the Redis scripts as in the memory store) describes
-/// the longer of two windows with as many left: the second's reset is at
-/// most 1 s, the minute's more.
-pub async fn every_algorithm_breaks_a_tie_for_the_longer_window<St: Store>(
+/// the shorter of two windows with as many left: the second's reset is at
+/// most 2 s (a sliding window's request counts over two of its fixed
+/// windows), the minute's more.
+pub async fn every_algorithm_breaks_a_tie_for_the_shorter_window<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
     let mut rules = Rules::builder();
@@ -310,7 +315,7 @@ pub async fn every_algorithm_breaks_a_tie_for_the_longer_window<St: Store>(
     for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
         let reply = app.get(&format!("/{i}"), "u").await;
         assert_eq!(reply.number("x-ratelimit-remaining"), 4, "{algorithm:?}");
-        assert!(reply.number("x-ratelimit-reset") > 1, "{algorithm:?}");
+        assert!(reply.number("x-ratelimit-reset") <= 2, "{algorithm:?}");
     }
 }
 
