@@ -243,13 +243,14 @@ impl Entry {
         user
     }
 
-    /// The answer to a blocked user: nothing remaining anywhere.
+    /// The answer to a blocked user: nothing remaining in the user's
+    /// windows (see [`Decision::new_blocked`]).
     #[cold]
     #[inline(never)]
     fn blocked(&self, check: &CheckRef<'_>, now: u64) -> Decision {
         Decision::new_blocked(
             Duration::from_micros(self.blocked_until - now),
-            all_windows(check),
+            check.windows.iter().copied(),
         )
     }
 
@@ -294,7 +295,7 @@ impl Entry {
         let wait = block.max(denied.retry_after().unwrap_or_default());
         let hold = if check.cost <= 1 { wait } else { block };
         self.blocked_until = now.saturating_add(crate::clock::duration_micros(hold));
-        Decision::new_blocked(wait, all_windows(check))
+        Decision::new_blocked(wait, check.windows.iter().copied())
     }
 
     /// Runs the algorithm on this entry's state; records when allowed and
@@ -316,11 +317,6 @@ impl Entry {
 }
 
 /// Every window of a check: the user's, then the route's.
-fn all_windows<'a>(check: &CheckRef<'a>) -> impl Iterator<Item = crate::rules::Window> + 'a {
-    let global = check.global.map(|g| g.windows.iter()).into_iter().flatten();
-    check.windows.iter().chain(global).copied()
-}
-
 /// The longest budget key kept in its entry.
 const INLINE_NAME: usize = 54;
 

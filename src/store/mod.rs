@@ -523,7 +523,9 @@ impl Decision {
         }
     }
 
-    /// A denial because the user is blocked for `wait` more: every window
+    /// A denial because the user is blocked for `wait` more: each of
+    /// `windows`, the user's (a route-wide budget, which a blocked
+    /// request does not look at, is left out, not reported as spent),
     /// reports nothing remaining, and the block's end as its reset.
     pub fn new_blocked(wait: Duration, windows: impl IntoIterator<Item = Window>) -> Self {
         let mut decision = Self::new(

@@ -4079,7 +4079,10 @@ fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
     let windows = check.windows.iter().chain(global);
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
     if blocked == 1 {
-        return Ok(Decision::new_blocked(micros(retry), windows.copied()));
+        return Ok(Decision::new_blocked(
+            micros(retry),
+            check.windows.iter().copied(),
+        ));
     }
     let states = windows.map(|w| {
         let r = next();

@@ -32,6 +32,7 @@ macro_rules! conformance_suite {
             identity_errors_are_answered_401,
             route_wide_limits_are_shared_and_atomic,
             block_time_blocks_and_reports_the_block,
+            a_blocked_user_s_headers_leave_the_route_budget_out,
             a_block_shorter_than_the_wait_reports_the_wait,
             a_costly_denial_blocks_for_the_block_time,
             cost_is_spent_exactly,
@@ -795,6 +796,51 @@ pub async fn block_time_blocks_and_reports_the_block<St: Store>(
     app.advance_ms(1);
     assert_eq!(app.get("/login", "u").await.status, StatusCode::OK);
     assert_eq!(app.inner_calls(), 4);
+}
+
+/// A blocked user's headers describe the user's own windows, with nothing
+/// left and the block's end as the reset, and leave the route-wide budget
+/// out: a blocked request does not look at it, and it is not spent (before,
+/// it was reported at 0 remaining while other users still had most of it).
+pub async fn a_blocked_user_s_headers_leave_the_route_budget_out<St: Store>(
+    store: impl std::future::Future<Output = St>,
+) {
+    let rules = Rules::builder()
+        .add_route(
+            Route::new("^/a")
+                .rules([Rule::new()
+                    .second(1)
+                    .hour(100)
+                    .block_time(Duration::from_secs(100))])
+                .global(Rule::new().hour(1000)),
+        )
+        .build()
+        .unwrap();
+    let app = App::with(rules, store.await, |l| {
+        l.headers(tower_ratelimit::HeaderMode::Both)
+    });
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    for _ in 0..2 {
+        let blocked = app.get("/a", "u").await;
+        assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(blocked.number("retry-after"), 100);
+        assert_eq!(blocked.number("x-ratelimit-limit"), 1);
+        assert_eq!(blocked.number("x-ratelimit-remaining"), 0);
+        assert_eq!(blocked.number("x-ratelimit-reset"), 100);
+        assert_eq!(
+            blocked.header("ratelimit"),
+            Some(r#""1s";r=0;t=100, "3600s";r=0"#)
+        );
+    }
+    let other = app.get("/a", "v").await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert!(
+        other
+            .header("ratelimit")
+            .unwrap()
+            .ends_with(r#""route-3600s";r=998"#),
+        "{other:?}"
+    );
 }
 
 /// A block shorter than the denied request's wait holds for the wait: every
