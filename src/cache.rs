@@ -104,6 +104,21 @@ impl DenialCache {
         (policy == hit.policy && cost == hit.cost).then(|| hit.decision.rewound(elapsed))
     }
 
+    /// Forgets `budget`'s denial, if one is cached: a refund landed, and its
+    /// next request may pass.
+    pub(crate) fn forget(&self, budget: &str) {
+        if self.is_empty() {
+            return;
+        }
+        let mut shard = self
+            .shard(budget)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if shard.map.remove(budget).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Remembers that `budget` is denied for requests of `cost` under
     /// `policy` until `now + decision.retry_after()`, or until its
     /// constraining window frees a slot if that is sooner. With

@@ -109,6 +109,11 @@ pub enum ConfigErrorKind {
     /// A configuration file's `block_time` is not a duration; says why and
     /// how to write one.
     InvalidBlockTime(String),
+    /// A rule's [`cost`](crate::Rule::cost) is negative, or more than a
+    /// window of the rule (or its route-wide limit) allows, or more than
+    /// [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST) on a sliding log: no
+    /// request could ever pass. Says which.
+    InvalidCost(String),
     /// The configuration text could not be parsed, or has an unknown field.
     Parse(String),
 }
@@ -334,6 +339,7 @@ impl fmt::Display for Full<'_> {
             ),
             ConfigErrorKind::NoEffect => f.write_str(match this.at.field.as_deref() {
                 Some("block_time") => "has no effect here: a block time needs windows on its rule",
+                Some("cost") => "has no effect here: a cost needs windows on its rule",
                 Some("global") => {
                     "has no effect here: a route-wide limit needs a rule with windows on its route"
                 }
@@ -346,9 +352,9 @@ impl fmt::Display for Full<'_> {
                 f,
                 "`{text}` is not an IP address or CIDR block (like 10.0.0.0/8; an IPv4-mapped one, `::ffff:a.b.c.d/N`, needs N of 96 or more)"
             ),
-            ConfigErrorKind::LimitText(why) | ConfigErrorKind::InvalidBlockTime(why) => {
-                f.write_str(why)
-            }
+            ConfigErrorKind::LimitText(why)
+            | ConfigErrorKind::InvalidBlockTime(why)
+            | ConfigErrorKind::InvalidCost(why) => f.write_str(why),
             ConfigErrorKind::Parse(msg) => f.write_str(msg),
         }
     }

@@ -211,6 +211,9 @@ pub struct Rule {
     zone: Option<String>,
     algorithm: Algorithm,
     block_time: Option<Duration>,
+    /// What one request costs (1 when not set; a config file's negative
+    /// or too large cost is kept as read, and refused at build).
+    cost: Option<i64>,
     /// (Field name, duration, limit; no duration: a config window that
     /// gave both or neither of `seconds` and `millis`.)
     windows: Vec<(String, Option<Duration>, i64)>,
@@ -241,6 +244,7 @@ impl Rule {
             zone: None,
             algorithm: Algorithm::default(),
             block_time: None,
+            cost: None,
             windows: Vec::new(),
             notation_error: None,
             block_time_error: None,
@@ -283,6 +287,20 @@ impl Rule {
     pub fn block_time(mut self, duration: Duration) -> Self {
         self.block_time = Some(duration);
         self.block_time_error = None;
+        self
+    }
+
+    /// What each request this rule limits costs: `n` units of every window
+    /// instead of 1 (0: free, counted by nothing). With rules per method,
+    /// one route's writes may cost more than its reads
+    /// (`Rule::new().method("POST").minute(100).cost(5)`). A cost above a
+    /// window's limit, which no request could ever pass, is a build error,
+    /// as is one above [`MAX_LOG_COST`] on a sliding log. The layer's
+    /// [`cost`](crate::RateLimitLayer::cost) function, when it has one,
+    /// decides instead (it sees the request's head: a body-size header,
+    /// say).
+    pub fn cost(mut self, n: u32) -> Self {
+        self.cost = Some(i64::from(n));
         self
     }
 
@@ -662,6 +680,9 @@ pub(crate) struct Policy {
     pub(crate) algorithm: Algorithm,
     pub(crate) global: Option<GlobalPolicy>,
     pub(crate) block: Option<Duration>,
+    /// What a request costs ([`Rule::cost`]; 1 by default), unless the
+    /// layer's cost function says.
+    pub(crate) cost: u32,
     /// The route's own `shadow`.
     pub(crate) shadow: bool,
     /// The table's `shadow` and `headers`: the defaults of a layer that
@@ -669,6 +690,9 @@ pub(crate) struct Policy {
     /// a [`ReloadableRules`](crate::ReloadableRules) brings its own).
     pub(crate) table_shadow: bool,
     pub(crate) headers: HeaderMode,
+    /// Whether the table lets the layer cache its denials
+    /// ([`RulesBuilder::denial_cache`]).
+    pub(crate) denial_cache: bool,
     /// The route's pattern, for logs.
     pub(crate) route: Arc<str>,
     /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10): one
@@ -1267,6 +1291,8 @@ pub struct RulesBuilder {
     exclude_methods: Vec<String>,
     shadow: bool,
     headers: HeaderMode,
+    /// The table turns the layer's denial cache off.
+    no_denial_cache: bool,
 }
 
 impl RulesBuilder {
@@ -1309,6 +1335,16 @@ impl RulesBuilder {
     /// Which rate-limit headers to send (default [`HeaderMode::X`]).
     pub fn headers(mut self, headers: HeaderMode) -> Self {
         self.headers = headers;
+        self
+    }
+
+    /// Whether the layer may cache this table's denials (its
+    /// [`denial_cache`](crate::RateLimitLayer::denial_cache); on by
+    /// default): `false` sends every denied request to the store, as a
+    /// layer with a cache of 0 does. (A configuration file's top-level
+    /// `denial_cache = false`.)
+    pub fn denial_cache(mut self, on: bool) -> Self {
+        self.no_denial_cache = !on;
         self
     }
 
@@ -1397,6 +1433,7 @@ impl RulesBuilder {
                     let ignored = [
                         ("algorithm", limits.algorithm != Algorithm::default()),
                         ("block_time", limits.block_time.is_some()),
+                        ("cost", limits.cost.is_some()),
                         ("method", limits.method.is_some()),
                         ("zone", limits.zone.is_some()),
                     ];
@@ -1452,6 +1489,7 @@ impl RulesBuilder {
                     // `RateLimitLayer::shadow` and `headers`.)
                     table_shadow: self.shadow,
                     headers: self.headers,
+                    denial_cache: !self.no_denial_cache,
                 };
                 let rule_at = at.clone();
                 let earlier: Vec<&CompiledRule> = by_group
@@ -2313,9 +2351,10 @@ struct RouteContext<'a> {
     pattern: &'a Arc<str>,
     global: Option<&'a [Window]>,
     shadow: bool,
-    /// The table's own `shadow` and `headers`.
+    /// The table's own `shadow`, `headers` and `denial_cache`.
     table_shadow: bool,
     headers: HeaderMode,
+    denial_cache: bool,
 }
 
 /// Rules of one route that share a budget key (the route's, or the route's
@@ -2442,6 +2481,11 @@ fn compile_rule(
     if rule.block_time.is_some() && windows.is_empty() {
         return Err(fail(Some("block_time"), ConfigErrorKind::NoEffect));
     }
+    if rule.cost.is_some() && windows.is_empty() {
+        return Err(fail(Some("cost"), ConfigErrorKind::NoEffect));
+    }
+    let cost = rule_cost(rule, &windows, route_wide)
+        .map_err(|why| fail(Some("cost"), ConfigErrorKind::InvalidCost(why)))?;
     if rule.zone.as_deref() == Some("") {
         return Err(fail(Some("zone"), ConfigErrorKind::EmptyName));
     }
@@ -2478,8 +2522,10 @@ fn compile_rule(
             algorithm: rule.algorithm,
             global,
             block: rule.block_time,
+            cost,
             shadow: route.shadow,
             table_shadow: route.table_shadow,
+            denial_cache: route.denial_cache,
             headers: route.headers,
             route: route.pattern.clone(),
         }))
@@ -2491,6 +2537,30 @@ fn compile_rule(
     })
 }
 
+/// A rule's [`Rule::cost`] (1 if not set), or why it can never pass:
+/// negative or too large for a `u32`, above a limit of its windows or of
+/// the route-wide ones, or above [`MAX_LOG_COST`] on a sliding log.
+fn rule_cost(rule: &Rule, windows: &[Window], route_wide: &[Window]) -> Result<u32, String> {
+    let Some(raw) = rule.cost else {
+        return Ok(1);
+    };
+    let cost = u32::try_from(raw)
+        .map_err(|_| format!("{raw} is not a cost: a whole number from 0 (free) to 4294967295"))?;
+    if let Some(w) = windows.iter().chain(route_wide).find(|w| cost > w.limit()) {
+        return Err(format!(
+            "{cost} is more than the limit of {} per {:?}: no request could ever pass",
+            w.limit(),
+            w.duration()
+        ));
+    }
+    if rule.algorithm == Algorithm::SlidingLog && cost > MAX_LOG_COST {
+        return Err(format!(
+            "{cost} is more than a sliding log takes for one request ({MAX_LOG_COST}): use another algorithm"
+        ));
+    }
+    Ok(cost)
+}
+
 /// A rate-limit configuration file.
 ///
 /// ```
@@ -2499,6 +2569,7 @@ fn compile_rule(
 /// let config = Config::from_toml(r#"
 ///     headers = "both"                 # x | ietf | both | none | x-windows
 ///     shadow = false                   # true: never deny, only log and set headers
+///     denial_cache = true              # false: every denial asks the store
 ///
 ///     [exclude]
 ///     paths = ["^/health"]
@@ -2515,15 +2586,20 @@ fn compile_rule(
 ///     path = "^/search"
 ///     global = { second = 100 }        # shared by every user of the route
 ///     rules = [{ second = 5, block_time = 60 }]
+///
+///     [[routes]]
+///     path = "^/items"                 # writes cost five reads
+///     rules = [{ method = "POST", minute = 100, cost = 5 }, { minute = 100 }]
 /// "#)?;
 /// assert_eq!(config.groups()["admin-key"], "admin");
-/// assert_eq!(config.rules().len(), 2);
+/// assert_eq!(config.rules().len(), 3);
 /// # Ok::<(), tower_ratelimit::ConfigError>(())
 /// ```
 ///
 /// Fields of a rule: `group` (default `"default"`), `method`, `zone`,
 /// `algorithm`, `block_time` (seconds, or a duration with its unit:
-/// `"5m"`, `"90s"`, `"1h 30m"`, `"500ms"`), `second`, `minute`, `hour`, `day`,
+/// `"5m"`, `"90s"`, `"1h 30m"`, `"500ms"`), `cost` (what each request it
+/// limits costs, 1 by default: [`Rule::cost`]), `second`, `minute`, `hour`, `day`,
 /// `month`, `limits = "5/second; 100 per minute"` (Flask-Limiter's notation) and
 /// `windows = [{ seconds = 10, limit = 5 }]` (`millis` instead of `seconds`
 /// for sub-second windows). A route has `path`, `rules`, `global` (window
@@ -2545,7 +2621,8 @@ impl Config {
         })?;
         let mut builder = Rules::builder()
             .shadow(raw.shadow)
-            .headers(raw.headers.unwrap_or_default());
+            .headers(raw.headers.unwrap_or_default())
+            .denial_cache(raw.denial_cache.unwrap_or(true));
         if let Some(exclude) = raw.exclude {
             for path in exclude.paths {
                 builder = builder.exclude_path(path);
@@ -2647,6 +2724,7 @@ struct RawConfig {
     #[serde(default)]
     shadow: bool,
     headers: Option<HeaderMode>,
+    denial_cache: Option<bool>,
     exclude: Option<RawExclude>,
     #[serde(default)]
     routes: Vec<RawRoute>,
@@ -2693,6 +2771,7 @@ struct RawRule {
     zone: Option<String>,
     algorithm: Option<Algorithm>,
     block_time: Option<RawBlockTime>,
+    cost: Option<i64>,
     // The window fields of `RawWindows` (serde's `flatten` cannot be combined
     // with `deny_unknown_fields`).
     second: Option<RawLimit>,
@@ -2965,6 +3044,7 @@ impl RawRule {
         rule.method = self.method.map(|m| m.to_ascii_uppercase());
         rule.zone = self.zone;
         rule.algorithm = self.algorithm.unwrap_or_default();
+        rule.cost = self.cost;
         let block_time = self.block_time.map(|raw| raw.read());
         let limits = RawWindows {
             second: self.second,

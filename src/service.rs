@@ -423,7 +423,7 @@ impl<St: Store, I> Shared<St, I> {
             return Verdict::Pass(None);
         };
         let options = &self.options;
-        let cost = options.cost.as_ref().map_or(1, |f| f(head));
+        let cost = options.cost.as_ref().map_or(policy.cost, |f| f(head));
         let cost = crate::rules::checked_cost(policy.algorithm, cost);
         let mut key = key::KeyBuf::new();
         let budget = key.write(&policy.budget, identity.user());
@@ -727,14 +727,25 @@ impl<St: Store, I> Shared<St, I> {
                 return None;
             }
             check.now = clock.map(|c| c.now());
+            // (A refund may let the budget's next request pass: a denial
+            // this replica cached for it no longer holds.)
+            let refunded =
+                matches!(adjustment, crate::Adjustment::Refund(_)).then(|| check.budget.clone());
             let fut = store.adjust(check, adjustment);
             Some(Box::pin(async move {
-                if let Err(error) = fut.await {
-                    observe::store_error();
-                    let now = state.start.elapsed();
-                    state
-                        .warnings
-                        .adjust_failed(&error, crate::clock::duration_micros(now));
+                match fut.await {
+                    Ok(()) => {
+                        if let (Some(budget), Some(cache)) = (refunded, &state.denials) {
+                            cache.forget(&budget);
+                        }
+                    }
+                    Err(error) => {
+                        observe::store_error();
+                        let now = state.start.elapsed();
+                        state
+                            .warnings
+                            .adjust_failed(&error, crate::clock::duration_micros(now));
+                    }
                 }
             }))
         })
@@ -777,15 +788,17 @@ impl<St: Store, I> Shared<St, I> {
         // block, a request that never passes, and a denial of cost 1 (with
         // no slot free, no request spends) on a budget no other policy may
         // spend with a higher limit, and with no route-wide window. (A
-        // penalty or refund, `adjust_on_response`, landing while an entry
-        // holds is seen once it ends.) A costlier request waits longer once
+        // penalty, `adjust_on_response`, landing while an entry holds is
+        // seen once it ends; a refund this replica's layer made forgets
+        // the entry, another replica's is seen once it ends.) A costlier request waits longer once
         // a cheaper one passes, and a sibling policy's requests, on any
         // replica, make this one's wait longer as they pass.
         // (A route-wide window is spent by other users meanwhile, which may
         // make it the constraining window, or lengthen the wait.)
-        let exact = decision.is_blocked()
-            || never
-            || (checked.cost <= 1 && !policy.shared && policy.global.is_none());
+        let exact = policy.denial_cache
+            && (decision.is_blocked()
+                || never
+                || (checked.cost <= 1 && !policy.shared && policy.global.is_none()));
         if let (Outcome::Denied, Some(cache), Some(asked), true) =
             (outcome, &self.state.denials, checked.asked, exact)
         {

@@ -113,6 +113,64 @@ fn zero_and_negative_limits_name_route_rule_and_field() {
     assert_eq!(err.field(), Some("hour"));
 }
 
+/// A rule's `cost` that no request could ever pass, or that limits
+/// nothing, is refused, named by route, rule and field.
+#[test]
+fn costs_that_never_pass_are_rejected_and_named() {
+    let at = |text: &str| {
+        let err = error(&format!("[[routes]]\npath = \"^/a\"\nrules = [{text}]\n"));
+        assert_eq!(err.route(), Some((0, "^/a")), "{err}");
+        assert_eq!(err.field(), Some("cost"), "{err}");
+        err
+    };
+    let err = at("{ minute = 10, cost = -1 }");
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::InvalidCost(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("-1 is not a cost"), "{err}");
+    let err = at("{ second = 3, minute = 10, cost = 4 }");
+    assert!(
+        err.to_string()
+            .contains("4 is more than the limit of 3 per 1s: no request could ever pass"),
+        "{err}"
+    );
+    let err = at("{ minute = 5000, cost = 1001 }");
+    assert!(err.to_string().contains("sliding log"), "{err}");
+    let err = at("{ group = \"admin\", cost = 2 }");
+    assert!(matches!(err.kind(), ConfigErrorKind::NoEffect), "{err}");
+    assert!(err.to_string().contains("a cost needs windows"), "{err}");
+    // A route-wide limit below the cost: no request could pass either.
+    let err = error(
+        "[[routes]]\npath = \"^/a\"\nglobal = { second = 2 }\nrules = [{ minute = 10, cost = 3 }]\n",
+    );
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::InvalidCost(_)),
+        "{err}"
+    );
+    // A route-wide limit has windows only: in a file, `cost` is an
+    // unknown field there; in code, a field it does not take.
+    let err = error("[[routes]]\npath = \"^/a\"\nglobal = { second = 2, cost = 1 }\nrules = [{ minute = 10 }]\n");
+    assert!(err.to_string().contains("unknown field `cost`"), "{err}");
+    let err = Rules::builder()
+        .add_route(
+            tower_ratelimit::Route::new("^/a")
+                .rules([Rule::new().minute(10)])
+                .global(Rule::new().second(2).cost(1)),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), Some("global.cost"), "{err}");
+    // In range: a table, from the file as from code.
+    let text = "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 5000, cost = 1000 }, { group = \"b\", minute = 10, cost = 0, algorithm = \"token-bucket\" }]\n";
+    assert!(Config::from_toml(text).is_ok());
+    let err = Rules::builder()
+        .route("^/a", [Rule::new().second(1).cost(2)])
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), Some("cost"));
+}
+
 #[test]
 fn limits_beyond_u32_are_rejected() {
     let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ second = 5000000000 }]\n");

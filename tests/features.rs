@@ -1456,6 +1456,115 @@ async fn adjustments_reach_a_store_that_waits_and_a_failed_one_leaves_the_respon
     assert_eq!(app.inner_calls(), 3);
 }
 
+/// A rule's `cost`, from a configuration file: each POST spends five of
+/// the rule's budget, a GET (its own rule, its own budget) one; a layer's
+/// cost function decides instead of it.
+#[tokio::test]
+async fn a_rule_s_cost_is_spent_by_each_request_it_limits() {
+    let config = tower_ratelimit::Config::from_toml(
+        r#"
+        [[routes]]
+        path = "^/a"
+        rules = [{ method = "POST", minute = 12, cost = 5 }, { minute = 100 }]
+        "#,
+    )
+    .unwrap();
+    let app = App::new(config.rules().clone(), MemoryStore::new());
+    let post = |app: &App| {
+        let app = app.clone();
+        async move { app.send(http::Method::POST, "/a", Some(b"u"), None).await }
+    };
+    assert_eq!(post(&app).await.number("x-ratelimit-remaining"), 7);
+    assert_eq!(post(&app).await.number("x-ratelimit-remaining"), 2);
+    let denied = post(&app).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("x-ratelimit-remaining"), 2);
+    assert_eq!(app.get("/a", "u").await.number("x-ratelimit-remaining"), 99);
+    // The layer's cost function decides instead of the rule's cost.
+    let app = App::with(config.rules().clone(), MemoryStore::new(), |l| {
+        l.cost(support::cost_header)
+    });
+    assert_eq!(post(&app).await.number("x-ratelimit-remaining"), 11);
+}
+
+/// A table with `denial_cache = false` sends every denial to the store,
+/// though the layer has a cache.
+#[tokio::test]
+async fn a_table_may_turn_the_denial_cache_off() {
+    for (cache, asked) in [(true, 2), (false, 4)] {
+        let store = Flaky::default();
+        let config = tower_ratelimit::Config::from_toml(&format!(
+            "denial_cache = {cache}\n[[routes]]\npath = \"^/a\"\nrules = [{{ minute = 1 }}]\n"
+        ))
+        .unwrap();
+        let app = App::new(config.rules().clone(), store.clone());
+        assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+        for _ in 0..3 {
+            assert_eq!(
+                app.get("/a", "u").await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+        }
+        assert_eq!(store.calls(), asked, "denial_cache = {cache}");
+    }
+}
+
+/// A refund that lands while this replica holds a cached denial of its
+/// budget forgets the denial: the budget's next request asks the store,
+/// which lets it through (before, the cache kept denying it until the
+/// denial's wait ended, a minute here, while the store had room).
+#[tokio::test]
+async fn a_refund_forgets_the_cached_denial_of_its_budget() {
+    use tower::ServiceExt as _;
+    let store = Flaky::default();
+    let (entered, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let (entering, waiting) = (entered.clone(), release.clone());
+    let layer = tower_ratelimit::RateLimitLayer::new(one(Rule::new().minute(2)), store.clone())
+        .adjust_on_response(|status, _| {
+            (status == StatusCode::INTERNAL_SERVER_ERROR).then_some(Adjustment::Refund(1))
+        })
+        .identify(support::header_identity);
+    // (A request with `x-slow` is answered 500 once released.)
+    let router = axum::Router::new()
+        .fallback(move |headers: http::HeaderMap| {
+            let (entering, waiting) = (entering.clone(), waiting.clone());
+            async move {
+                if !headers.contains_key("x-slow") {
+                    return StatusCode::OK;
+                }
+                entering.notify_one();
+                waiting.notified().await;
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        })
+        .layer(layer);
+    let send = |slow: bool| {
+        let mut request = Request::builder().uri("/a").header("x-user", "u");
+        if slow {
+            request = request.header("x-slow", "1");
+        }
+        let request = request.body(Body::empty()).unwrap();
+        let router = router.clone();
+        async move { router.oneshot(request).await.unwrap().status() }
+    };
+    let slow = tokio::spawn(send(true));
+    entered.notified().await;
+    assert_eq!(send(false).await, StatusCode::OK);
+    // Spent: the store denies, then the cache does.
+    assert_eq!(send(false).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send(false).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.calls(), 3, "the second denial came from the cache");
+    // The slow request fails and is refunded: one unit free again.
+    release.notify_one();
+    assert_eq!(slow.await.unwrap(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(send(false).await, StatusCode::OK);
+    assert_eq!(store.calls(), 4);
+    assert_eq!(send(false).await, StatusCode::TOO_MANY_REQUESTS);
+}
+
 /// A refund gives back at most what its request spent: a free request
 /// (cost 0) that fails gives back nothing, so a client cannot undo its paid
 /// requests with free ones; a paid one gives back no more than its cost.
