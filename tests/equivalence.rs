@@ -113,7 +113,7 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: support::proptest_cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn memory_and_redis_decide_identically(
@@ -148,7 +148,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: support::proptest_cases(32), ..ProptestConfig::default() })]
 
     /// Checks made together (the store sends them as one batch, in one call
     /// of its batch script where they have one, each decided at the same
@@ -262,7 +262,7 @@ fn log_windows() -> impl Strategy<Value = Vec<Window>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: support::proptest_cases(24), ..ProptestConfig::default() })]
 
     /// The packed sliding log (one string per budget; a rule whose longest
     /// window allows at most 2,048) against the memory store, over long

@@ -19,7 +19,7 @@ use tower_ratelimit::{
 };
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: support::proptest_cases(512), ..ProptestConfig::default() })]
 
     /// Any text: a config or an error, never a panic.
     #[test]

@@ -23,6 +23,18 @@ use tower_ratelimit::{RateLimitLayer, Rules, Store};
 /// easy to read (2026-01-01T00:00:00Z).
 pub const START: u64 = 1_767_225_600_000_000;
 
+/// How many cases a property test runs: `quick` (what CI runs), or
+/// `PROPTEST_CASES` when set, for a long fuzzing run
+/// (`PROPTEST_CASES=100000 cargo test --release --all-features --test
+/// hostile`; RELIABILITY.md). (A test's own count would otherwise override
+/// the variable.)
+pub fn proptest_cases(quick: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(quick)
+}
+
 /// The cost a test request names in its `x-cost` header (1 without): the
 /// layer's `.cost(cost_header)`.
 pub fn cost_header(head: &Parts) -> u32 {
