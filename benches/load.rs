@@ -665,7 +665,8 @@ async fn fill(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<()> {
 /// server's memory every 5 seconds.
 async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     use std::collections::HashMap;
-    const LIMITS: [(&str, u64); 2] = [("/a", 5), ("/b", 20)];
+    // (Each route's path, limit and fixed window in microseconds.)
+    const LIMITS: [(&str, u64, u64); 2] = [("/a", 5, 1_000_000), ("/b", 20, 2_000_000)];
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let sampler = tokio::spawn(async move {
@@ -686,8 +687,9 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
                     .await
                     .unwrap();
             tokio::spawn(conn);
-            // (route, user) -> count of allowed responses per remaining value
-            let mut seen: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
+            // Every answer of a budget, (route, user): when it was sent and
+            // received, and its remaining (`None`: denied).
+            let mut seen: HashMap<(usize, usize), Vec<Answer>> = HashMap::new();
             let (mut allowed, mut denied, mut errors) = (0u64, 0u64, 0u64);
             // Denials while the window still had room: must never happen.
             let mut early = 0u64;
@@ -704,37 +706,45 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
                     .header("x-user", format!("u{user}"))
                     .body(Empty::<Bytes>::new())
                     .unwrap();
+                let sent = unix_micros();
                 let Ok(response) = sender.send_request(request).await else {
                     errors += 1;
                     break;
                 };
-                match response.status() {
+                let received = unix_micros();
+                let remaining = match response.status() {
                     StatusCode::OK => {
                         allowed += 1;
-                        let remaining: usize = response.headers()["x-ratelimit-remaining"]
+                        let remaining: u64 = response.headers()["x-ratelimit-remaining"]
                             .to_str()
                             .unwrap()
                             .parse()
                             .unwrap();
-                        let counts = seen
-                            .entry((route, user))
-                            .or_insert_with(|| vec![0; LIMITS[route].1 as usize]);
-                        counts[remaining] += 1;
+                        Some(remaining)
                     }
                     StatusCode::TOO_MANY_REQUESTS => {
                         denied += 1;
                         if response.headers()["x-ratelimit-remaining"] != "0" {
                             early += 1;
                         }
+                        None
                     }
-                    _ => errors += 1,
-                }
+                    _ => {
+                        errors += 1;
+                        continue;
+                    }
+                };
+                seen.entry((route, user)).or_default().push(Answer {
+                    sent,
+                    received,
+                    remaining,
+                });
                 let _ = response.into_body().collect().await;
             }
             (seen, allowed, denied, errors, early)
         });
     }
-    let mut seen: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
+    let mut seen: HashMap<(usize, usize), Vec<Answer>> = HashMap::new();
     let (mut allowed, mut denied, mut errors, mut early) = (0, 0, 0, 0);
     while let Some(result) = tasks.join_next().await {
         let (s, a, d, e, x) = result.unwrap();
@@ -742,29 +752,25 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
         denied += d;
         errors += e;
         early += x;
-        for (budget, counts) in s {
-            let total = seen.entry(budget).or_insert_with(|| vec![0; counts.len()]);
-            for (t, c) in total.iter_mut().zip(counts) {
-                *t += c;
-            }
+        for (budget, answers) in s {
+            seen.entry(budget).or_default().extend(answers);
         }
     }
     let samples = sampler.await.unwrap();
-    // In a fixed window of limit L, the allowed responses report remaining
-    // L-1, ..., 0, once each: no value may appear more often than there were
-    // windows (that would be a window allowing more than L). A denial must
-    // report 0 remaining (else it was denied while the window had room).
-    // The spread between values counts windows that demand did not fill.
-    let windows = |route: usize| (seconds / if route == 0 { 1.0 } else { 2.0 }).ceil() as u64 + 1;
-    let mut worst_spread = 0;
-    let mut over = 0;
-    for ((route, _), counts) in &seen {
-        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
-        worst_spread = worst_spread.max(max - min);
-        if *max > windows(*route) {
-            over += 1;
-        }
+    // A denial must report 0 remaining (else it was denied while the window
+    // had room); every window, budget by budget, is checked by `windows`.
+    let mut tally = WindowTally::default();
+    for ((route, _), answers) in &seen {
+        let (_, limit, length) = LIMITS[*route];
+        tally.add(answers, limit, length);
     }
+    let WindowTally {
+        sampled,
+        filled,
+        over,
+        short,
+        unplaced,
+    } = tally;
     let warm = samples
         .iter()
         .find(|(t, _)| *t >= 30)
@@ -773,7 +779,7 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     let last = samples.last().map_or(0, |s| s.1);
     println!("soak: {seconds} s, {connections} connections, 400 budgets (200 users x 2 routes), fixed windows on Redis");
     println!("  requests: {allowed} allowed, {denied} denied, {errors} errors");
-    println!("  windows allowing more than their limit: {over} budgets; denials while the window had room: {early}; windows demand left unfilled: at most {worst_spread} per budget");
+    println!("  windows sampled: {sampled} (every window of every budget with an answer), {filled} of them with a denial; allowing more than their limit: {over}; with a denial but fewer than their limit allowed: {short}; denials while the window had room: {early}; answers in flight across a window's edge that fit neither window: {unplaced}");
     println!(
         "  server RSS: {warm} KiB after warm-up, {last} KiB at the end ({:+} KiB)",
         last as i64 - warm as i64
@@ -781,6 +787,11 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
     println!("  samples (s, KiB): {samples:?}");
     assert_eq!(errors, 0, "error responses");
     assert_eq!(over, 0, "a window allowed more than its limit");
+    assert_eq!(
+        short, 0,
+        "a window with a denial allowed fewer than its limit"
+    );
+    assert_eq!(unplaced, 0, "an answer fits neither window it may be in");
     assert_eq!(early, 0, "denied while the window had room");
     // 400 budgets, all live throughout: the server's memory after warm-up
     // stays flat (a quarter more, or 8 MiB, for the allocator's slack).
@@ -788,6 +799,108 @@ async fn soak(port: u16, pid: u32, connections: usize, seconds: f64) {
         last <= warm + warm / 4 + 8192,
         "the server grew from {warm} KiB to {last} KiB"
     );
+}
+
+/// A child process stopped (and waited for) when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One answer of the soak: when its request was sent and its answer
+/// received (Unix microseconds), and its `X-RateLimit-Remaining` if it was
+/// allowed.
+struct Answer {
+    sent: u64,
+    received: u64,
+    remaining: Option<u64>,
+}
+
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The soak's windows, checked one by one: each fixed window of limit L
+/// must allow at most L requests, and exactly L if it denied one.
+///
+/// The store decides on Redis's clock, which on loopback is this machine's
+/// clock, somewhere between a request's sending and its answer: an answer
+/// whose two times lie in one window is that window's. In a window, the
+/// allowed answers report remaining L-1, L-2, ..., 0, each once: a value
+/// seen twice is a window that allowed more than L. An allowed answer in
+/// flight across an edge goes to the window that lacks its remaining, is
+/// counted as unplaced if neither does, and may fill either if both do.
+#[derive(Default)]
+struct WindowTally {
+    sampled: u64,
+    filled: u64,
+    over: u64,
+    short: u64,
+    unplaced: u64,
+}
+
+impl WindowTally {
+    fn add(&mut self, answers: &[Answer], limit: u64, length: u64) {
+        use std::collections::{BTreeMap, HashSet};
+        // Window number -> (the remaining values its allowed answers
+        // reported, whether it denied one).
+        let mut windows: BTreeMap<u64, (HashSet<u64>, bool)> = BTreeMap::new();
+        let mut crossing = Vec::new();
+        for answer in answers {
+            let (first, last) = (answer.sent / length, answer.received / length);
+            if first != last {
+                crossing.push((first, last, answer.remaining));
+                continue;
+            }
+            let window = windows.entry(first).or_default();
+            match answer.remaining {
+                Some(r) => {
+                    if !window.0.insert(r) || r >= limit {
+                        self.over += 1;
+                    }
+                }
+                None => window.1 = true,
+            }
+        }
+        // (Answers that may fill either of two windows: (window, value).)
+        let mut either: Vec<(u64, u64)> = Vec::new();
+        // (A denial in flight across an edge says nothing of either window.)
+        for (first, last, r) in crossing
+            .into_iter()
+            .filter_map(|(first, last, r)| Some((first, last, r?)))
+        {
+            let lacking: Vec<u64> = (first..=last)
+                .filter(|k| windows.get(k).is_none_or(|w| !w.0.contains(&r)))
+                .collect();
+            match lacking[..] {
+                [] => self.unplaced += 1,
+                [k] => {
+                    windows.entry(k).or_default().0.insert(r);
+                }
+                _ => either.extend(lacking.iter().map(|&k| (k, r))),
+            }
+        }
+        for (k, (allowed, denied)) in &windows {
+            self.sampled += 1;
+            if *denied {
+                self.filled += 1;
+                let may_fill: std::collections::HashSet<u64> = either
+                    .iter()
+                    .filter(|(w, r)| w == k && !allowed.contains(r))
+                    .map(|&(_, r)| r)
+                    .collect();
+                if ((allowed.len() + may_fill.len()) as u64) < limit {
+                    self.short += 1;
+                }
+            }
+        }
+    }
 }
 
 /// A Python interpreter that can run the Python peers, if there is one.
@@ -1120,11 +1233,14 @@ fn main() {
         let redis = redis_server::RedisServer::start();
         let port = free_port();
         let exe = std::env::current_exe().unwrap();
-        let mut child = Command::new(&exe)
-            .args(["--serve", "soak", &port.to_string(), &redis.url()])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        // (Stopped when dropped: a failed check of the soak panics.)
+        let child = KillOnDrop(
+            Command::new(&exe)
+                .args(["--serve", "soak", &port.to_string(), &redis.url()])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         let waiting = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -1139,12 +1255,10 @@ fn main() {
             .unwrap();
         runtime.block_on(soak(
             port,
-            child.id(),
+            child.0.id(),
             env("CONNECTIONS", 50) as usize,
             seconds,
         ));
-        let _ = child.kill();
-        let _ = child.wait();
         return;
     }
     // Many short passes: the machine's speed drifts by tens of percent
