@@ -2537,6 +2537,50 @@ fn compile_rule(
     })
 }
 
+/// The route (and rule) a configuration's parse error is in, when the text
+/// is TOML and the error is in one route's fields (an unknown field, a
+/// value of the wrong type): the first route, and its first rule, that do
+/// not read alone. The parse error itself gives the line and column.
+fn parse_error_at(text: &str) -> Location {
+    let Ok(table) = toml::from_str::<toml::Table>(text) else {
+        return Location::default();
+    };
+    let Some(routes) = table.get("routes").and_then(toml::Value::as_array) else {
+        return Location::default();
+    };
+    let text_of = |value: &toml::Value, key: &str| {
+        value
+            .get(key)
+            .and_then(toml::Value::as_str)
+            .map(str::to_owned)
+    };
+    let Some((i, route)) = routes
+        .iter()
+        .enumerate()
+        .find(|(_, route)| RawRoute::deserialize((*route).clone()).is_err())
+    else {
+        return Location::default();
+    };
+    let rule = route
+        .get("rules")
+        .and_then(toml::Value::as_array)
+        .and_then(|rules| {
+            rules
+                .iter()
+                .enumerate()
+                .find(|(_, rule)| RawRule::deserialize((*rule).clone()).is_err())
+        })
+        .map(|(j, rule)| {
+            let group = text_of(rule, "group").unwrap_or_else(|| DEFAULT_GROUP.to_owned());
+            (j, group)
+        });
+    Location {
+        route: Some((i, text_of(route, "path").unwrap_or_default())),
+        rule,
+        field: None,
+    }
+}
+
 /// A rule's [`Rule::cost`] (1 if not set), or why it can never pass:
 /// negative or too large for a `u32`, above a limit of its windows or of
 /// the route-wide ones, or above [`MAX_LOG_COST`] on a sliding log.
@@ -2617,7 +2661,7 @@ impl Config {
     /// Parses and validates a TOML configuration.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            ConfigError::new(Location::default(), ConfigErrorKind::Parse(e.to_string()))
+            ConfigError::new(parse_error_at(text), ConfigErrorKind::Parse(e.to_string()))
         })?;
         let mut builder = Rules::builder()
             .shadow(raw.shadow)

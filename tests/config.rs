@@ -78,6 +78,34 @@ fn unknown_fields_are_rejected_and_named() {
     assert!(err.to_string().contains("limit"), "{err}");
     let err = error("rutes = []\n");
     assert!(err.to_string().contains("rutes"), "{err}");
+    assert_eq!(err.route(), None);
+
+    // In a route's fields, the route and the rule are named as well as
+    // the line: here the second route's second rule, and a value of the
+    // wrong type in the first route.
+    let err = error(
+        r#"
+        [[routes]]
+        path = "^/a"
+        rules = [{ second = 1 }]
+
+        [[routes]]
+        path = "^/b"
+        rules = [{ minute = 1 }, { group = "g", hour = 1, methd = "POST" }]
+        "#,
+    );
+    assert_eq!(err.route(), Some((1, "^/b")));
+    assert_eq!(err.rule(), Some((1, "g")));
+    let text = err.to_string();
+    assert!(
+        text.contains("route #1 `^/b`, rule #1 (group `g`)")
+            && text.contains("methd")
+            && text.contains("line 8"),
+        "{text}"
+    );
+    let err = error("[[routes]]\npath = \"^/a\"\nshadow = \"yes\"\nrules = [{ second = 1 }]\n");
+    assert_eq!(err.route(), Some((0, "^/a")));
+    assert_eq!(err.rule(), None);
 }
 
 #[test]
