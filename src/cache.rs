@@ -45,6 +45,10 @@ struct Denied {
 struct Entries {
     map: HashMap<Box<str>, Denied>,
     first_expiry: u64,
+    /// When a budget of the shard last had its entry forgotten (a refund
+    /// landed): a denial the store was asked for before then may have
+    /// been decided before the refund, and is not kept.
+    forgotten: u64,
 }
 
 type Shard = Mutex<Entries>;
@@ -104,16 +108,17 @@ impl DenialCache {
         (policy == hit.policy && cost == hit.cost).then(|| hit.decision.rewound(elapsed))
     }
 
-    /// Forgets `budget`'s denial, if one is cached: a refund landed, and its
-    /// next request may pass.
-    pub(crate) fn forget(&self, budget: &str) {
-        if self.is_empty() {
-            return;
-        }
+    /// Forgets `budget`'s denial, if one is cached: a refund landed at
+    /// `now`, and its next request may pass. A denial of the store asked
+    /// for before `now` is not cached afterwards (the store may have
+    /// decided it before the refund; any budget of the shard: one time a
+    /// shard, not a time a budget).
+    pub(crate) fn forget(&self, budget: &str, now: u64) {
         let mut shard = self
             .shard(budget)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        shard.forgotten = shard.forgotten.max(now);
         if shard.map.remove(budget).is_some() {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
@@ -177,6 +182,9 @@ impl DenialCache {
             .shard(budget)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if now < shard.forgotten {
+            return;
+        }
         // (One entry a budget: a denial of another cost does not push out
         // one that still holds, but for one that never passes, which a
         // client could send once a window to keep its other denials from
@@ -305,18 +313,20 @@ mod tests {
         let second = Window::new(Duration::from_secs(1), 1).unwrap();
         let minute = Window::new(Duration::from_secs(60), 3).unwrap();
         // A second's window and a minute's, both spent: the headers report
-        // the minute; the second frees a slot within the second, at a time
-        // the decision does not tell.
+        // the second (a tie goes to the shorter), which frees a slot in
+        // 400 ms; the request waits 59 s for the minute.
         let both = Decision::new(
             false,
             Some(Duration::from_secs(59)),
-            Duration::from_secs(59),
+            Duration::from_millis(400),
             [WindowState::new(second, 0), WindowState::new(minute, 0)],
         );
         let cache = DenialCache::new(100);
-        // (Showing the minute alone, the replay holds until it frees a slot.)
+        // (Showing the second alone, the replay holds until it frees a
+        // slot, not for the whole wait.)
         cache.insert("x", 0, 1, 0, &both, false, None);
-        assert!(cache.get("x", 0, 1, 58_999_999).is_some());
+        assert!(cache.get("x", 0, 1, 399_999).is_some());
+        assert!(cache.get("x", 0, 1, 400_000).is_none());
         // Showing both, it is not kept.
         cache.insert("b", 0, 1, 0, &both, true, None);
         assert!(cache.get("b", 0, 1, 1).is_none());
@@ -333,6 +343,20 @@ mod tests {
         let blocked = Decision::new_blocked(Duration::from_secs(300), [second, minute]);
         cache.insert("c", 0, 1, 0, &blocked, true, None);
         assert!(cache.get("c", 0, 1, 299_999_999).is_some());
+    }
+
+    /// A refund forgets its budget's denial, and a denial the store was
+    /// asked for before it (maybe decided before the refund) is not kept.
+    #[test]
+    fn a_refund_forgets_a_denial_and_turns_away_one_asked_before_it() {
+        let cache = DenialCache::new(100);
+        cache.insert("b", 0, 1, 0, &denied(10), false, None);
+        cache.forget("b", 1_000);
+        assert!(cache.get("b", 0, 1, 1_001).is_none());
+        cache.insert("b", 0, 1, 999, &denied(10), false, None);
+        assert!(cache.get("b", 0, 1, 1_001).is_none());
+        cache.insert("b", 0, 1, 1_000, &denied(10), false, None);
+        assert!(cache.get("b", 0, 1, 1_001).is_some());
     }
 
     #[test]

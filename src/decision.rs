@@ -187,8 +187,8 @@ impl RateHeaders {
     #[inline(always)]
     pub(crate) fn new(decision: &Decision, policy: &Policy, mode: HeaderMode, cost: u32) -> Self {
         // (A denial gets one, at least 1 s: a store that gave no wait still
-        // said no. Not one that never passes: its wait, the whole window
-        // the stores report, would also push the reset to that window's.)
+        // said no. Not one that never passes: its wait is the whole window
+        // the stores report, not a time it may pass.)
         let retry_after = if decision.allowed() {
             0
         } else {

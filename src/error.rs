@@ -96,9 +96,9 @@ pub enum ConfigErrorKind {
     /// bucket refills at most one per microsecond (a limit no larger than
     /// the window's length in microseconds).
     LimitForAlgorithm(Algorithm),
-    /// A field that can have no effect: a block time on a rule without
-    /// windows, a route-wide limit on a route without limited rules, a
-    /// route without rules.
+    /// A field that can have no effect: a block time or a cost on a rule
+    /// without windows, a route-wide limit on a route without limited
+    /// rules, a route without rules.
     NoEffect,
     /// A trusted proxy network is not an address or CIDR block.
     InvalidNetwork(String),

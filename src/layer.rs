@@ -531,8 +531,9 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
         self.with_clock(clock, false)
     }
 
-    /// How much a request spends (default 1): e.g. by method, or by a
-    /// size header. A cost of 0 is checked (and gets headers) but spends
+    /// How much a request spends (without it, its rule's
+    /// [`cost`](crate::Rule::cost), 1 by default; this function decides
+    /// instead): e.g. by method, or by a size header. A cost of 0 is checked (and gets headers) but spends
     /// nothing. A request that costs more than a window's limit, or on a
     /// sliding log more than [`MAX_LOG_COST`](crate::rules::MAX_LOG_COST)
     /// (each unit is an entry the store writes), can never pass: it is
@@ -564,8 +565,9 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// store that fails is counted and logged (at most once a second), and
     /// the response goes out unchanged. Its rate-limit headers (which `f`
     /// sees among the headers) describe the request's check, before the
-    /// adjustment; a denial already cached locally stays until its wait
-    /// ends. A gRPC call's status travels in trailers, after the response
+    /// adjustment; a refund forgets this replica's cached denial of the
+    /// budget (the next request asks the store), while a penalty, or
+    /// another replica's refund, is seen once the entry ends. A gRPC call's status travels in trailers, after the response
     /// head `f` reads: its HTTP status is 200 whatever the call's outcome.
     ///
     /// ```
@@ -625,8 +627,11 @@ impl<St: Store, I: Identify, M> RateLimitLayer<St, I, M> {
     /// per-window headers, only while no other window they show can change.
     /// A replayed denial of a request that never passes keeps the
     /// remaining counts the store gave, which other requests may since have
-    /// spent; a penalty or refund (`adjust_on_response`) that lands while
-    /// an entry holds is seen once it ends. A costly request's block holds
+    /// spent; a penalty (`adjust_on_response`) that lands while an entry
+    /// holds is seen once it ends, and a refund forgets this replica's
+    /// entry (another replica's is seen once it ends). A table may turn
+    /// the cache off for its rules
+    /// ([`RulesBuilder::denial_cache`](crate::rules::RulesBuilder::denial_cache)). A costly request's block holds
     /// for the block time alone (its wait may be longer): its entry ends
     /// with the block, so the next request is blocked again. One entry a
     /// budget: a denial of another cost waits for it to end, unless it is

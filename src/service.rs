@@ -705,6 +705,9 @@ impl<St: Store, I> Shared<St, I> {
         let store = self.store.clone();
         let state = self.state.clone();
         let clock = options.clock.clone().filter(|_| options.clock_decides);
+        // (The layer's own clock, as `Shared::now` reads it: the denial
+        // cache's.)
+        let layer_clock = options.clock.clone();
         // (An adjustment reports nothing: how exactly is moot.)
         let block = options.block_for(checked.policy);
         let mut check = owned_check(
@@ -736,7 +739,11 @@ impl<St: Store, I> Shared<St, I> {
                 match fut.await {
                     Ok(()) => {
                         if let (Some(budget), Some(cache)) = (refunded, &state.denials) {
-                            cache.forget(&budget);
+                            let now = match &layer_clock {
+                                Some(clock) => clock.now().as_micros(),
+                                None => crate::clock::duration_micros(state.start.elapsed()),
+                            };
+                            cache.forget(&budget, now);
                         }
                     }
                     Err(error) => {

@@ -316,7 +316,6 @@ impl Entry {
     }
 }
 
-/// Every window of a check: the user's, then the route's.
 /// The longest budget key kept in its entry.
 const INLINE_NAME: usize = 54;
 

@@ -645,7 +645,8 @@ impl Decision {
     }
 
     /// Every window of the rule, shortest first, then those of its
-    /// route-wide limit (if any), shortest first.
+    /// route-wide limit (if any), shortest first; a blocked decision's are
+    /// the rule's alone (see [`new_blocked`](Self::new_blocked)).
     pub fn windows(&self) -> &[WindowState] {
         self.windows.as_slice()
     }
@@ -838,7 +839,8 @@ pub type AdjustFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreEr
 /// - [`global`](Check::global): a route-wide budget that every user of
 ///   the route shares. Allowed only if both the user's windows and the
 ///   route's allow; recorded in both or neither. The decision's windows
-///   are the user's, then the route's; [`Decision::join`] makes that
+///   are the user's, then the route's (a blocked user's: the user's
+///   alone, [`Decision::new_blocked`]); [`Decision::join`] makes that
 ///   decision from the two. The route's budget is its own even when
 ///   spelled as a user's.
 /// - [`block`](Check::block): a request the user's own windows deny
