@@ -187,6 +187,12 @@ fn keys(port: u16, prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// The deadline of the stores the tests of reaching a server (TLS,
+/// Sentinel) make: they are about reaching it, and on the loaded test
+/// machine a check can take longer than the default 50 ms (it would fail
+/// open, and a 429 expected would be a 200).
+const REACHING: Duration = Duration::from_secs(2);
+
 /// On a route of one request a second, `user`'s first request passes and
 /// the second is limited (429, with the headers): `store` decides.
 async fn passes_once_then_limits(store: RedisStore, user: &str) {
@@ -2729,6 +2735,7 @@ async fn a_store_over_tls_decides_and_verifies_the_server() {
     let store = RedisStore::builder()
         .url(&url)
         .tls_root_certificate(files.read("ca.crt"))
+        .timeout(REACHING)
         .build()
         .await
         .unwrap();
@@ -2813,6 +2820,7 @@ async fn a_cluster_store_over_tls_decides() {
     let store = RedisStore::builder()
         .cluster([format!("rediss://127.0.0.1:{tls_port}")])
         .tls_root_certificate(files.read("ca.crt"))
+        .timeout(REACHING)
         .build()
         .await
         .unwrap();
@@ -2836,6 +2844,7 @@ async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
     let store = RedisStore::builder()
         .sentinel([url.clone()], "mymaster")
         .tls_root_certificate(files.read("ca.crt"))
+        .timeout(REACHING)
         .build()
         .await
         .unwrap();
@@ -2857,6 +2866,7 @@ async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
     // Unless told not to verify.
     let insecure = RedisStore::builder()
         .sentinel([format!("{url}/#insecure")], "mymaster")
+        .timeout(REACHING)
         .build()
         .await
         .unwrap();
@@ -2934,6 +2944,7 @@ async fn a_sentinel_store_presents_its_client_certificate() {
         .sentinel([url.clone()], "mymaster")
         .tls_root_certificate(files.read("ca.crt"))
         .tls_client_certificate(files.read("client.crt"), files.read("client.key"))
+        .timeout(REACHING)
         .build()
         .await
         .unwrap();
