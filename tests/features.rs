@@ -713,14 +713,7 @@ async fn a_costly_denial_is_not_answered_from_the_cache() {
 /// the store each time (a block still does not).
 #[tokio::test]
 async fn a_denial_on_a_route_with_a_route_wide_limit_is_not_cached() {
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/a")
-                .rules([Rule::new().minute(1)])
-                .global(Rule::new().minute(100)),
-        )
-        .build()
-        .unwrap();
+    let rules = support::route_with_global("^/a", [Rule::new().minute(1)], Rule::new().minute(100));
     let store = Flaky::default();
     let app = App::new(rules, store.clone());
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
@@ -768,21 +761,19 @@ async fn a_block_time_is_read_in_seconds_or_with_a_unit() {
 }
 
 /// A block is cached whatever the windows and the header mode: it holds
-/// every window (the user's and the route's) at nothing left until it
-/// ends, so its replay is exact and the store is not asked again.
+/// the user's windows at nothing left until it ends (and its headers leave
+/// the route-wide budget out), so its replay is exact and the store is not
+/// asked again.
 #[tokio::test]
 async fn a_block_is_cached_with_every_window_shown() {
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/a")
-                .rules([Rule::new()
-                    .second(1)
-                    .minute(5)
-                    .block_time(Duration::from_secs(60))])
-                .global(Rule::new().hour(1_000)),
-        )
-        .build()
-        .unwrap();
+    let rules = support::route_with_global(
+        "^/a",
+        [Rule::new()
+            .second(1)
+            .minute(5)
+            .block_time(Duration::from_secs(60))],
+        Rule::new().hour(1_000),
+    );
     let store = Flaky::default();
     let app = App::with(rules, store.clone(), |l| l.headers(HeaderMode::Both));
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
@@ -1253,18 +1244,15 @@ async fn a_limit_text_makes_the_windows_its_builders_make() {
 
 #[tokio::test]
 async fn per_window_headers_name_every_window_as_kong_does() {
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/a")
-                .rules([Rule::new()
-                    .minute(3)
-                    .per(Duration::from_secs(10), 2)
-                    .per(Duration::from_millis(250), 9)
-                    .day(50)])
-                .global(Rule::new().second(100)),
-        )
-        .build()
-        .unwrap();
+    let rules = support::route_with_global(
+        "^/a",
+        [Rule::new()
+            .minute(3)
+            .per(Duration::from_secs(10), 2)
+            .per(Duration::from_millis(250), 9)
+            .day(50)],
+        Rule::new().second(100),
+    );
     let app = App::with(rules, MemoryStore::new(), |l| {
         l.headers(HeaderMode::XWindows)
     });

@@ -269,14 +269,7 @@ pub async fn a_tie_describes_the_shorter_window<St: Store>(
 pub async fn a_tie_between_the_user_and_the_route_goes_to_the_shorter<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/a")
-                .rules([Rule::new().minute(2)])
-                .global(Rule::new().second(3)),
-        )
-        .build()
-        .unwrap();
+    let rules = super::route_with_global("^/a", [Rule::new().minute(2)], Rule::new().second(3));
     let app = App::new(rules, store.await);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
@@ -555,14 +548,7 @@ pub async fn a_clock_that_steps_back_keeps_later_counts<St: Store + Clone>(
     let store = store.await;
     let user = Rule::new().second(1).algorithm(algorithm);
     let plain = App::new(one_route("^/a", [user.clone()]), store.clone());
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/b")
-                .rules([user])
-                .global(Rule::new().hour(1000)),
-        )
-        .build()
-        .unwrap();
+    let rules = super::route_with_global("^/b", [user], Rule::new().hour(1000));
     let general = App::new(rules, store);
     for (app, path) in [(&plain, "/a"), (&general, "/b")] {
         let start = tower_ratelimit::clock::Clock::now(&app.clock);
@@ -724,14 +710,11 @@ pub async fn algorithm_all_or_nothing<St: Store>(
 pub async fn route_wide_limits_are_shared_and_atomic<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/search")
-                .rules([Rule::new().second(2), Rule::group("admin")])
-                .global(Rule::new().second(3)),
-        )
-        .build()
-        .unwrap();
+    let rules = super::route_with_global(
+        "^/search",
+        [Rule::new().second(2), Rule::group("admin")],
+        Rule::new().second(3),
+    );
     let app = App::new(rules, store.await);
     assert_eq!(app.get("/search", "a").await.status, StatusCode::OK);
     assert_eq!(app.get("/search", "a").await.status, StatusCode::OK);
@@ -805,17 +788,14 @@ pub async fn block_time_blocks_and_reports_the_block<St: Store>(
 pub async fn a_blocked_user_s_headers_leave_the_route_budget_out<St: Store>(
     store: impl std::future::Future<Output = St>,
 ) {
-    let rules = Rules::builder()
-        .add_route(
-            Route::new("^/a")
-                .rules([Rule::new()
-                    .second(1)
-                    .hour(100)
-                    .block_time(Duration::from_secs(100))])
-                .global(Rule::new().hour(1000)),
-        )
-        .build()
-        .unwrap();
+    let rules = super::route_with_global(
+        "^/a",
+        [Rule::new()
+            .second(1)
+            .hour(100)
+            .block_time(Duration::from_secs(100))],
+        Rule::new().hour(1000),
+    );
     let app = App::with(rules, store.await, |l| {
         l.headers(tower_ratelimit::HeaderMode::Both)
     });

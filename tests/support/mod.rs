@@ -23,9 +23,26 @@ use tower_ratelimit::{RateLimitLayer, Rules, Store};
 /// easy to read (2026-01-01T00:00:00Z).
 pub const START: u64 = 1_767_225_600_000_000;
 
+/// A table of one route, `pattern`, with `rules` and the route-wide limit
+/// `global`.
+pub fn route_with_global(
+    pattern: &str,
+    rules: impl IntoIterator<Item = tower_ratelimit::Rule>,
+    global: tower_ratelimit::Rule,
+) -> Rules {
+    Rules::builder()
+        .add_route(
+            tower_ratelimit::Route::new(pattern)
+                .rules(rules)
+                .global(global),
+        )
+        .build()
+        .unwrap()
+}
+
 /// How many cases a property test runs: `quick` (what CI runs), or
 /// `PROPTEST_CASES` when set, for a long fuzzing run
-/// (`PROPTEST_CASES=100000 cargo test --release --all-features --test
+/// (`PROPTEST_CASES=1000000 cargo test --release --all-features --test
 /// hostile`; RELIABILITY.md). (A test's own count would otherwise override
 /// the variable.)
 pub fn proptest_cases(quick: u32) -> u32 {
