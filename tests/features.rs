@@ -126,9 +126,8 @@ async fn a_denial_s_reset_is_its_constraining_window_s() {
         Some(r#""1s";r=0;t=1, "60s";r=0"#)
     );
     let denied = app.get("/a", "u").await;
-    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.x_headers(), (429, 1, 0, 1));
     assert_eq!(denied.number("retry-after"), 60);
-    assert_eq!(denied.number("x-ratelimit-reset"), 1);
     assert_eq!(
         denied.header("ratelimit"),
         Some(r#""1s";r=0;t=1, "60s";r=0"#)
@@ -136,8 +135,7 @@ async fn a_denial_s_reset_is_its_constraining_window_s() {
     // Past the second's reset, the minute alone denies: its own reset.
     app.advance_ms(1_000);
     let denied = app.get("/a", "u").await;
-    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(denied.number("x-ratelimit-reset"), 59);
+    assert_eq!(denied.x_headers(), (429, 1, 0, 59));
     assert_eq!(denied.number("retry-after"), 59);
     app.advance_ms(58_999);
     assert_eq!(

@@ -91,6 +91,17 @@ impl Reply {
             .unwrap()
     }
 
+    /// The status and the `X-RateLimit-*` headers: (status, limit,
+    /// remaining, reset).
+    pub fn x_headers(&self) -> (u16, u64, u64, u64) {
+        (
+            self.status.as_u16(),
+            self.number("x-ratelimit-limit"),
+            self.number("x-ratelimit-remaining"),
+            self.number("x-ratelimit-reset"),
+        )
+    }
+
     pub fn limited(&self) -> bool {
         self.headers.contains_key("x-ratelimit-limit")
     }
