@@ -2548,11 +2548,13 @@ fn parse_error_at(text: &str) -> Location {
     let Some(routes) = table.get("routes").and_then(toml::Value::as_array) else {
         return Location::default();
     };
+    // (A field's text; a value of another type as TOML writes it, the
+    // very value at fault when it is the error.)
     let text_of = |value: &toml::Value, key: &str| {
-        value
-            .get(key)
-            .and_then(toml::Value::as_str)
-            .map(str::to_owned)
+        value.get(key).map(|v| match v.as_str() {
+            Some(text) => text.to_owned(),
+            None => v.to_string(),
+        })
     };
     let Some((i, route)) = routes
         .iter()
@@ -2590,9 +2592,13 @@ fn rule_cost(rule: &Rule, windows: &[Window], route_wide: &[Window]) -> Result<u
     };
     let cost = u32::try_from(raw)
         .map_err(|_| format!("{raw} is not a cost: a whole number from 0 (free) to 4294967295"))?;
-    if let Some(w) = windows.iter().chain(route_wide).find(|w| cost > w.limit()) {
+    let own = windows.iter().map(|w| (w, "the "));
+    if let Some((w, whose)) = own
+        .chain(route_wide.iter().map(|w| (w, "the route-wide ")))
+        .find(|(w, _)| cost > w.limit())
+    {
         return Err(format!(
-            "{cost} is more than the limit of {} per {:?}: no request could ever pass",
+            "{cost} is more than {whose}limit of {} per {:?}: no request could ever pass",
             w.limit(),
             w.duration()
         ));

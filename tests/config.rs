@@ -106,6 +106,11 @@ fn unknown_fields_are_rejected_and_named() {
     let err = error("[[routes]]\npath = \"^/a\"\nshadow = \"yes\"\nrules = [{ second = 1 }]\n");
     assert_eq!(err.route(), Some((0, "^/a")));
     assert_eq!(err.rule(), None);
+    // A value of the wrong type where a name is read: shown as written.
+    let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ group = 5, second = 1 }]\n");
+    assert_eq!(err.rule(), Some((0, "5")));
+    let err = error("[[routes]]\npath = 7\nrules = [{ second = 1 }]\n");
+    assert_eq!(err.route(), Some((0, "7")));
 }
 
 #[test]
@@ -174,6 +179,11 @@ fn costs_that_never_pass_are_rejected_and_named() {
     );
     assert!(
         matches!(err.kind(), ConfigErrorKind::InvalidCost(_)),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("3 is more than the route-wide limit of 2 per 1s"),
         "{err}"
     );
     // A route-wide limit has windows only: in a file, `cost` is an
