@@ -1003,25 +1003,14 @@ async fn stalled_master_does_not_charge(cluster: &support::redis_server::RedisCl
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
 }
 
-/// The users `users` on `cluster`, each with the index of the master that
-/// holds its budget (each has sent one request through `app`).
-fn masters_of(cluster: &support::redis_server::RedisCluster, users: &[String]) -> Vec<usize> {
-    users
+/// The index of the master of `cluster` that holds `user`'s budget, if
+/// one does.
+fn master_of(cluster: &support::redis_server::RedisCluster, user: &str) -> Option<usize> {
+    let pattern = format!("*{user}*");
+    cluster
+        .nodes
         .iter()
-        .map(|user| {
-            let pattern = format!("*{user}*");
-            cluster
-                .nodes
-                .iter()
-                .position(|n| !n.cli(&["--scan", "--pattern", &pattern]).is_empty())
-                .unwrap_or_else(|| panic!("no master holds {user}'s budget"))
-        })
-        .collect()
-}
-
-/// Users whose names are no prefix of one another (`--scan` patterns).
-fn spread_users(n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("spread{i}x")).collect()
+        .position(|n| !n.cli(&["--scan", "--pattern", &pattern]).is_empty())
 }
 
 /// Sends each user's requests through `app` until one is decided (a
@@ -1049,15 +1038,32 @@ fn cluster_pool(
         .unwrap()
 }
 
-/// Twelve users spread over `cluster`'s masters, each decided once through
-/// `app`, and the master of each.
+/// Twelve users spread over `cluster`'s masters, each decided once on
+/// Redis through `app`, and the master of each. (Users' names are no prefix
+/// of one another, for `--scan` patterns. A user whose first check a
+/// loaded machine answered from a fail mode, as `FailMode::Fallback` does
+/// with headers, holds no key: it is left out for the next name.)
 async fn decided_spread(
     cluster: &support::redis_server::RedisCluster,
     app: &App,
 ) -> (Vec<String>, Vec<usize>) {
-    let users = spread_users(12);
-    until_decided(app, &users).await;
-    let masters = masters_of(cluster, &users);
+    let (mut users, mut masters) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    for i in 0.. {
+        if users.len() == 12 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no spread");
+        let user = format!("spread{i}x");
+        until_decided(app, std::slice::from_ref(&user)).await;
+        match master_of(cluster, &user) {
+            Some(master) => {
+                users.push(user);
+                masters.push(master);
+            }
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
     (users, masters)
 }
 
