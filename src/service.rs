@@ -51,10 +51,7 @@ impl<St, I> Shared<St, I> {
     /// [`now`](Self::now), with the system clock read by `real` (only when
     /// no clock was injected).
     fn now_or(&self, real: impl FnOnce() -> Instant) -> u64 {
-        match &self.options.clock {
-            Some(clock) => clock.now().as_micros(),
-            None => self.micros_since_start(real()),
-        }
+        layer_now(self.options.clock.as_deref(), self.state.start, real)
     }
 
     /// Microseconds since the layer started (for rate-limited warnings).
@@ -64,6 +61,20 @@ impl<St, I> Shared<St, I> {
 
     fn micros_since_start(&self, at: Instant) -> u64 {
         crate::clock::duration_micros(at.saturating_duration_since(self.state.start))
+    }
+}
+
+/// [`Shared::now`] from its parts (for work that outlives the request's
+/// borrow of the layer): the injected clock's now if there is one, else
+/// the microseconds since `start` that `real` reads.
+fn layer_now(
+    clock: Option<&dyn crate::clock::Clock>,
+    start: Instant,
+    real: impl FnOnce() -> Instant,
+) -> u64 {
+    match clock {
+        Some(clock) => clock.now().as_micros(),
+        None => crate::clock::duration_micros(real().saturating_duration_since(start)),
     }
 }
 
@@ -739,10 +750,7 @@ impl<St: Store, I> Shared<St, I> {
                 match fut.await {
                     Ok(()) => {
                         if let (Some(budget), Some(cache)) = (refunded, &state.denials) {
-                            let now = match &layer_clock {
-                                Some(clock) => clock.now().as_micros(),
-                                None => crate::clock::duration_micros(state.start.elapsed()),
-                            };
+                            let now = layer_now(layer_clock.as_deref(), state.start, Instant::now);
                             cache.forget(&budget, now);
                         }
                     }

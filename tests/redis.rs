@@ -187,6 +187,24 @@ fn keys(port: u16, prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// A store on `cluster`'s own client, with the deadline `timeout`.
+async fn cluster_store(
+    cluster: &support::redis_server::RedisCluster,
+    timeout: Duration,
+) -> RedisStore {
+    RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The ports of `cluster`'s nodes, in its order.
+fn ports_of(cluster: &support::redis_server::RedisCluster) -> Vec<u16> {
+    cluster.nodes.iter().map(|n| n.port).collect()
+}
+
 /// The deadline of the stores the tests of reaching a server (TLS,
 /// Sentinel) make: they are about reaching it, and on the loaded test
 /// machine a check can take longer than the default 50 ms (it would fail
@@ -2451,12 +2469,7 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     use tower_ratelimit::store::GlobalCheck;
     use tower_ratelimit::{Check, Store, Window};
     let cluster = RedisCluster::start();
-    let store = RedisStore::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster, Duration::from_secs(1)).await;
     let minute = |limit| Window::new(Duration::from_secs(60), limit).unwrap();
     let check = |user: &str| {
         Check::new(format!("rmig:{user}"), [minute(100)])
@@ -2467,7 +2480,7 @@ async fn route_wide_checks_are_decided_while_their_slot_migrates() {
     let slot = cli(cluster.nodes[0].port, &["cluster", "keyslot", "rmig"]);
     let (source, _) = cluster.master_and_replica(slot.parse().unwrap());
     let target = (source + 1) % cluster.nodes.len();
-    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let ports = ports_of(&cluster);
     let target_id = start_moving(&ports, &slot, (source, target));
 
     // Every key of Alice's check is still on the source.
@@ -2541,18 +2554,13 @@ async fn the_store_follows_a_slot_moved_while_no_check_failed() {
     use support::redis_server::RedisCluster;
     use tower_ratelimit::{Check, Store, Window};
     let cluster = RedisCluster::start();
-    let store = RedisStore::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster, Duration::from_secs(1)).await;
     let check = |user: &str| {
         let minute = Window::new(Duration::from_secs(60), 100).unwrap();
         Check::new(format!("fd:{user}"), [minute])
     };
     assert!(store.check(check("alice")).await.unwrap().allowed());
-    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let ports = ports_of(&cluster);
     let slot_of = |user: &str| cli(ports[0], &["cluster", "keyslot", &format!("fd:{user}")]);
     let master_of = |user: &str| cluster.master_and_replica(slot_of(user).parse().unwrap()).0;
     let slot = slot_of("alice");
@@ -2586,17 +2594,12 @@ async fn checks_of_a_moved_budget_are_decided_while_its_slot_migrates() {
     use support::redis_server::RedisCluster;
     use tower_ratelimit::{Check, Store, Window};
     let cluster = RedisCluster::start();
-    let store = RedisStore::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
     let check = |user: &str| {
         let window = Window::new(Duration::from_secs(60), 1_000_000).unwrap();
         Check::new(format!("rask:{user}"), [window]).with_algorithm(Algorithm::FixedWindow)
     };
-    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let ports = ports_of(&cluster);
     let slot_of = |user: &str| {
         cli(
             ports[0],
@@ -2659,14 +2662,9 @@ async fn a_new_masters_first_slot_is_decided_while_it_moves_in() {
     use support::redis_server::RedisCluster;
     use tower_ratelimit::{Check, Store, Window};
     let cluster = RedisCluster::start();
-    let store = RedisStore::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
     let added = RedisCluster::start_node();
-    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let ports = ports_of(&cluster);
     let added_port = added.port.to_string();
     assert_eq!(
         cli(ports[0], &["cluster", "meet", "127.0.0.1", &added_port]),
