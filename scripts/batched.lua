@@ -52,6 +52,9 @@ end
 local function no_block_key()
   error('a check with a block time in a batch')
 end
+-- (The library functions the checks call, made locals once per batch:
+-- see straight_prelude.lua.)
+$LIBS
 -- (Helpers the checks share, made once per batch.)
 $SHARED
 local function check(i)

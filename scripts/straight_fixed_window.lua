@@ -5,12 +5,12 @@
 local $each(, ){e@, c@, s@} = $each(, ){0, 0, 0}
 if raw then
   if #raw == $BYTES then
-    $each(, ){e@, c@, s@} = struct.unpack('<$each(){ddd}', raw)
+    $each(, ){e@, c@, s@} = unpack8('<$each(){ddd}', raw)
   end
   if #raw ~= $BYTES or $each( or ){e@ ~= d@} then
 $REMAP
     $each(, ){e@, c@, s@} =
-      struct.unpack('<$each(){ddd}', remap(raw, { $each(, ){d@} }, 3))
+      unpack8('<$each(){ddd}', remap(raw, { $each(, ){d@} }, 3))
   end
 end
 -- The script decides and records; its reply is whether it allowed the
@@ -36,8 +36,8 @@ if allowed == 1 then
 --$end
 end
 -- (One packed state: saved when allowed, and the reply either way.)
-local state = struct.pack('<$each(){ddd}', $each(, ){d@, c@, k@})
+local state = pack8('<$each(){ddd}', $each(, ){d@, c@, k@})
 if allowed == 1 then
 $SAVE
 end
-return struct.pack('<dd', allowed, now) .. state
+return pack8('<dd', allowed, now) .. state

@@ -7,7 +7,10 @@
 -- instructions more per number.)
 -- The entry at index i: from the tail read (the last entries of the log,
 -- from index base + 1), else one GETRANGE. (The helpers take what they
--- need as arguments: a closure costs Redis per variable it captures.)
+-- need as arguments: a closure costs Redis per variable it captures; so
+-- they call the library by its globals, not by the locals the prelude
+-- makes of it (straight_prelude.lua), three variables more to capture on
+-- every call of a script of one check: round 46 in benches/HISTORY.md.)
 local function entry(i, base, tail, key)
   if i > base then return (struct.unpack('<d', tail, 8 * (i - base) - 7)) end
   local s = redis.call('GETRANGE', key, string.format('%d', 8 * i - 8),

@@ -5,7 +5,7 @@
     -- counter scripts insert it there).
     local function remap(raw, D, width)
       local stored = math.floor(string.len(raw) / (8 * width))
-      local R = { struct.unpack('<' .. string.rep('d', stored * width), raw) }
+      local R = { unpack8('<' .. string.rep('d', stored * width), raw) }
       local out = {}
       for i = 1, table.getn(D) do
         local from = -1
@@ -17,5 +17,5 @@
           out[table.getn(out) + 1] = from >= 0 and R[from + f] or 0
         end
       end
-      return struct.pack('<' .. string.rep('d', table.getn(out)), unpack(out))
+      return pack8('<' .. string.rep('d', table.getn(out)), unpack(out))
     end

@@ -13,13 +13,13 @@
   -- another length is replaced whole (SETRANGE would leave its tail).
   if expires == before and ttl_pad == 0 then
     if raw and #raw == #state then
-      redis.call('SETRANGE', key, '0', state)
+      rcall('SETRANGE', key, '0', state)
     else
-      redis.call('SET', key, state, 'KEEPTTL')
+      rcall('SET', key, state, 'KEEPTTL')
     end
   else
     local ms = expires - now - 1
     ms = (ms - ms % 1000) / 1000 + 1
     if ms < 1 then ms = 1 end
-    redis.call('SET', key, state, 'PX', string.format('%d', ms + ttl_pad))
+    rcall('SET', key, state, 'PX', fmt('%d', ms + ttl_pad))
   end

@@ -6,12 +6,12 @@
 local $each(, ){x@, c@, p@, s@} = $each(, ){0, 0, 0, 0}
 if raw then
   if #raw == $BYTES then
-    $each(, ){x@, c@, p@, s@} = struct.unpack('<$each(){dddd}', raw)
+    $each(, ){x@, c@, p@, s@} = unpack8('<$each(){dddd}', raw)
   end
   if #raw ~= $BYTES or $each( or ){x@ ~= d@} then
 $REMAP
     $each(, ){x@, c@, p@, s@} =
-      struct.unpack('<$each(){dddd}', remap(raw, { $each(, ){d@} }, 4))
+      unpack8('<$each(){dddd}', remap(raw, { $each(, ){d@} }, 4))
   end
 end
 -- The script decides and records; the store reports (see
@@ -40,8 +40,8 @@ if allowed == 1 then
 --$end
 end
 -- (One packed state: saved when allowed, and the reply either way.)
-local state = struct.pack('<$each(){dddd}', $each(, ){d@, c@, p@, k@})
+local state = pack8('<$each(){dddd}', $each(, ){d@, c@, p@, k@})
 if allowed == 1 then
 $SAVE
 end
-return struct.pack('<dd', allowed, now) .. state
+return pack8('<dd', allowed, now) .. state

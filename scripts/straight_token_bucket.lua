@@ -4,12 +4,12 @@
 local $each(, ){e@, a@} = $each(, ){0, 0}
 if raw then
   if #raw == $BYTES then
-    $each(, ){e@, a@} = struct.unpack('<$each(){dd}', raw)
+    $each(, ){e@, a@} = unpack8('<$each(){dd}', raw)
   end
   if #raw ~= $BYTES or $each( or ){e@ ~= d@} then
 $REMAP
     $each(, ){e@, a@} =
-      struct.unpack('<$each(){dd}', remap(raw, { $each(, ){d@} }, 2))
+      unpack8('<$each(){dd}', remap(raw, { $each(, ){d@} }, 2))
   end
 end
 -- The state's TTL runs to its last TAT rounded up to a whole second
@@ -41,8 +41,8 @@ if allowed == 1 then
   expires = expires - expires % 1000000 + 1000000
 end
 -- (One packed state: saved when allowed, and the reply either way.)
-local state = struct.pack('<$each(){dd}', $each(, ){d@, a@})
+local state = pack8('<$each(){dd}', $each(, ){d@, a@})
 if allowed == 1 then
 $SAVE
 end
-return struct.pack('<dd', allowed, now) .. state
+return pack8('<dd', allowed, now) .. state

@@ -2115,15 +2115,19 @@ async fn a_packed_log_key_holding_something_else_is_replaced_or_refused() {
     assert_eq!(decision.windows()[0].remaining, 4);
     assert_eq!(server.log_entries(&key), [1_000_000_000]);
     // The same lie after 800 bytes of something else, forged with the
-    // rule's own fingerprint (the last number of the log just written), so
-    // its numbers fit what the script read: the first read past the
-    // string's end is refused. (With another fingerprint the string's
-    // length is checked too: replaced, as above.)
+    // rule's own fingerprint (the last number of the log just written):
+    // its numbers are taken as they are (a check does not test a trailer
+    // of its own rule), and the first read past the string's end is
+    // refused: here a newest entry at the check's time and a window hint
+    // at the 500th entry, so the window's start is sought from there.
+    // (With another fingerprint the string's length is checked too:
+    // replaced, as above.)
     let written = server.cli(&["strlen", &key]);
     assert_eq!(written, "64", "one entry and a 56-byte trailer");
     let fingerprint = double_from_end(&raw_value(&server.url(), &key), 1);
-    let mut long = vec![7u8; 800];
-    long.extend_from_slice(&trailer(fingerprint));
+    let mut long = vec![7u8; 792];
+    long.extend_from_slice(&doubles(&[1_000_000_000.0, 500.0, 0.0]));
+    long.extend_from_slice(&doubles(&[1000.0, 0.0, 0.0, 500.0, fingerprint]));
     set(&long);
     let error = tower_ratelimit::Store::check(&store, check())
         .await

@@ -353,6 +353,7 @@ fn counter_lua(
             ("CLOSEARGS", call.numbers.1.to_owned()),
             ("KEY1", call.key.to_owned()),
             ("SERVERNOW", call.clock.to_owned()),
+            ("LIBS", call.libs.to_owned()),
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
@@ -381,15 +382,24 @@ struct CallVars {
     /// Whether the script's helper functions are made by the batch script
     /// around it, once per batch (`$SHARED`), not in the check's code.
     shared_helpers: bool,
+    /// The library functions' locals (`$LIBS`), made by the check's code
+    /// alone and by the batch script in a batch.
+    libs: &'static str,
 }
+
+/// The library functions a straight-line script calls, as locals
+/// (`$LIBS`; see `scripts/straight_prelude.lua`).
+const LIBS: &str =
+    "local rcall, pack8, unpack8, fmt = redis.call, struct.pack, struct.unpack, string.format";
 
 /// A check alone: its own call's.
 const ALONE: CallVars = CallVars {
-    numbers: ("struct.unpack(", ", ARGV[1])"),
+    numbers: ("unpack8(", ", ARGV[1])"),
     key: "KEYS[1]",
     block_key: "KEYS[2]",
     clock: "local t, deadline = redis.call('TIME'), -now\nnow = t[1] * 1000000 + t[2]\nif now > deadline and deadline > 1 then return '' end",
     shared_helpers: false,
+    libs: LIBS,
 };
 
 /// Check `i` of a batch (`scripts/batched.lua`).
@@ -400,6 +410,7 @@ const IN_BATCH: CallVars = CallVars {
     block_key: "no_block_key()",
     clock: "local deadline = -now\nnow = clock or server_now()\nif now > deadline and deadline > 1 then return '' end",
     shared_helpers: true,
+    libs: "",
 };
 
 /// Checks of one algorithm and window count sent together
@@ -434,6 +445,7 @@ pub fn batched_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
         &[
             ("CHECK", check.trim_end().to_owned()),
             ("SHARED", shared.trim_end().to_owned()),
+            ("LIBS", LIBS.to_owned()),
         ],
     ))
 }
@@ -458,6 +470,7 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             ("KEY1", call.key.to_owned()),
             ("KEY2", call.block_key.to_owned()),
             ("SERVERNOW", call.clock.to_owned()),
+            ("LIBS", call.libs.to_owned()),
             (
                 "HELPERS",
                 if call.shared_helpers {

@@ -6,7 +6,10 @@
 //!   window, with `@` standing for the window's number (1, 2, ...);
 //! - `$each(SEP){TEXT}` is TEXT once per window, `@` standing for its
 //!   number, joined by SEP (TEXT holds no `}`, SEP no `)`);
-//! - `$N` is the number of windows, and `$NAME` any variable given.
+//! - `$N` is the number of windows, and `$NAME` any variable given;
+//! - in an `--$each` block, `$SHORTER` is `true` for every window but the
+//!   last (the longest) and `false` for it: a constant the Lua compiler
+//!   folds, where `@ < $N` would be a comparison made on every run.
 //!
 //! The scripts are fixed at compile time and expanded once per store, so
 //! a malformed template is a bug the unit tests catch, not an input error.
@@ -20,8 +23,10 @@ pub(crate) fn expand(template: &str, n: usize, vars: &[(&str, String)]) -> Strin
             ("--$each", None) => block = Some(Vec::new()),
             ("--$end", Some(lines)) => {
                 for i in 1..=n {
+                    let shorter = if i < n { "true" } else { "false" };
                     for l in lines.iter() {
-                        out.push_str(&inline(&l.replace('@', &i.to_string()), n, vars));
+                        let l = l.replace("$SHORTER", shorter).replace('@', &i.to_string());
+                        out.push_str(&inline(&l, n, vars));
                         out.push('\n');
                     }
                 }
@@ -84,6 +89,8 @@ mod tests {
             out,
             "local d1, n1, d2, n2, d3, n3 = f('i8i8i8i8i8i8')\nx1 = x1 + 7\nx2 = x2 + 7\nx3 = x3 + 7\nreturn { r1, r2, r3 }, 3\n"
         );
+        let out = expand("--$each\nif $SHORTER and s@ then end\n--$end\n", 2, &[]);
+        assert_eq!(out, "if true and s1 then end\nif false and s2 then end\n");
     }
 
     #[test]
