@@ -1,5 +1,6 @@
 //! Micro-benchmarks: the memory store's check (the borrowed check the layer
-//! makes: one hot budget, 100,000 budgets, 2 threads); the whole layer on
+//! makes: one hot budget, 100,000 budgets; 1 thread, and 2 threads on
+//! distinct budgets, on one hot budget and on the 100,000); the whole layer on
 //! the memory store (route matching, identity, check, headers), allowed,
 //! denied and unmatched, with 10 and 100 routes (unmatched is route
 //! matching alone), the routes plain prefixes or regular expressions; decision -> headers (the layer with its headers on,
@@ -17,6 +18,7 @@ mod support;
 
 use std::convert::Infallible;
 use std::future::ready;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,6 +70,28 @@ fn passes(store: &MemoryStore, check: &Check, ticks: &mut Ticks) {
     assert!(passed, "a timed check was refused");
 }
 
+/// `iters` checks on each of two threads, on one clock both read: thread
+/// `t` goes through `checks` from its own half on (one check: both on it).
+/// Half the time taken: the two threads' time per check together.
+fn two_threads(store: &MemoryStore, clock: &AtomicU64, checks: &[Check], iters: u64) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            s.spawn(move || {
+                for i in 0..iters as usize {
+                    let mut check = checks[(t * checks.len() / 2 + i) % checks.len()].as_ref();
+                    check.now = Some(Timestamp::from_micros(
+                        clock.fetch_add(1, Ordering::Relaxed),
+                    ));
+                    let passed = matches!(store.check_now(&check), Some(Ok(d)) if d.allowed());
+                    assert!(passed, "a timed check was refused");
+                }
+            });
+        }
+    });
+    start.elapsed() / 2
+}
+
 fn memory_store(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory_check");
     let store = MemoryStore::new();
@@ -111,6 +135,21 @@ fn memory_store(c: &mut Criterion) {
             // threads together, their throughput, next to one thread's.)
             start.elapsed() / 2
         })
+    });
+    // Two threads on shared budgets, on one clock both read (a check a
+    // microsecond between them, as `Ticks`): the hot budget both check,
+    // its lock passed between the cores; and the 100,000 budgets, each
+    // thread going through all of them from its own half.
+    // (From past every tick the checks above took, so that no log's
+    // clock goes back.)
+    let after = ticks.0.max(clocks[0].0).max(clocks[1].0);
+    let shared = AtomicU64::new(after + 1_000_000);
+    let bob = [Check::new("r0123456789abcdef:bob", hot.clone())];
+    group.bench_function("2_threads_hot_budget", |b| {
+        b.iter_custom(|iters| two_threads(&store, &shared, &bob, iters))
+    });
+    group.bench_function("2_threads_100k_budgets", |b| {
+        b.iter_custom(|iters| two_threads(&store, &shared, &budgets, iters))
     });
     group.finish();
 }
