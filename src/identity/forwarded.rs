@@ -109,7 +109,9 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// and a port, `2001:db8:1:2:3:4:5:6:443`, is told apart).
 ///
 /// A `Forwarded` line is read whole and strictly (RFC 7239): one that is
-/// not well-formed, or an element with two `for=`, cannot say which part
+/// not well-formed (a quote left open, a pair that is not `name=value`,
+/// such as `garbage` or `for=`), or an element with two `for=`, cannot
+/// say which part
 /// a proxy wrote, and names an anonymous client, [`Client::Token`] of an
 /// empty string (every such request shares that one budget, apart from the
 /// proxy's). A proxy must escape what it copies from a request into
@@ -365,16 +367,38 @@ fn split_unquoted(text: &str, separator: char) -> Vec<&str> {
 /// neither can be told). Pairs are split outside quoted strings, so a
 /// `for=` inside another pair's quoted value (a `host="x;for=6.6.6.6"` a
 /// client wrote and a proxy copied) is no pair.
+/// An element with a pair that is not `name=value` (`garbage`, `for`,
+/// `for=`, `=x`: RFC 7239's `token "=" value`, the name a token and the
+/// value not empty) is not well-formed either: its hop is malformed (empty
+/// pairs, `;;`, are allowed).
 fn for_value(element: &str) -> String {
-    let mut fors = split_unquoted(element, ';')
+    let pairs: Vec<(&str, &str)> = split_unquoted(element, ';')
         .into_iter()
-        .filter_map(|pair| pair.split_once('='))
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or(("", "")))
+        .collect();
+    let well_formed =
+        |(name, value): &(&str, &str)| is_token(name.trim_end()) && !value.trim_start().is_empty();
+    if !pairs.iter().all(well_formed) {
+        return MALFORMED.to_owned();
+    }
+    let mut fors = pairs
+        .into_iter()
         .filter(|(k, _)| k.trim().eq_ignore_ascii_case("for"));
     match (fors.next(), fors.next()) {
         (Some((_, v)), None) => unquote(v.trim()),
         (None, _) => String::new(),
         (Some(_), Some(_)) => MALFORMED.to_owned(),
     }
+}
+
+/// Whether `text` is an RFC 7230 token: one or more `tchar`s.
+fn is_token(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// A token as it is, a quoted string without its quotes and escapes.
@@ -606,8 +630,27 @@ mod tests {
             r#"for=6.6.6.6;x="z", for=1.2.3.4;host="a"""#,
             r#"for="6.6.6.4, for=198.51.100.7"#,
             r#"for=6.6.6.6;for=198.51.100.7"#,
+            // Pairs that are not `name=value`: neither the proxy's own
+            // address (as a line without `for=` would be) nor a client's.
+            "garbage",
+            "for",
+            "for=",
+            "=198.51.100.7",
+            "garbage;;;==",
+            "for=198.51.100.7;proto",
+            "fo r=198.51.100.7",
         ] {
             assert_eq!(client(line), Client::Token(String::new()), "{line}");
+        }
+        // Empty pairs and elements, and pairs without `for=`, are allowed:
+        // the nearest hop a proxy vouched for is the client.
+        for (line, client_ip) in [
+            ("for=198.51.100.7;;proto=http", "198.51.100.7"),
+            ("proto=https;host=example.com", "10.0.0.1"),
+            ("for=198.51.100.7, ", "10.0.0.1"),
+            ("for = 198.51.100.7", "198.51.100.7"),
+        ] {
+            assert_eq!(client(line), Client::Ip(ip(client_ip)), "{line}");
         }
         // A quoted value is unquoted and unescaped.
         assert_eq!(
