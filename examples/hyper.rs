@@ -57,7 +57,10 @@ pub async fn serve(listener: TcpListener) -> Result<(), Box<dyn std::error::Erro
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let listener = TcpListener::bind("127.0.0.1:3000").await?;
+    let addr = "127.0.0.1:3000";
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     println!("listening on http://{}", listener.local_addr()?);
     serve(listener).await
 }

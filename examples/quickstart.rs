@@ -23,7 +23,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // same_body: responses keep axum's body type (axum boxes any other).
         .layer(RateLimitLayer::new(rules, MemoryStore::new()).same_body());
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let addr = "127.0.0.1:3000";
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     println!("listening on http://{}", listener.local_addr()?);
     // The default identity is the peer IP, read from ConnectInfo.
     axum::serve(

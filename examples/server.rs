@@ -235,14 +235,22 @@ async fn main() -> std::process::ExitCode {
     // says only its errors: its Cluster client warns once per node on
     // every reconnect attempt while a Cluster is down, where the store
     // warns once, then at most once a second (RUST_LOG overrides).
+    // (A RUST_LOG that is no filter is said, not ignored without a word.)
+    let (filter, unread) = match std::env::var("RUST_LOG") {
+        Ok(value) => match tracing_subscriber::EnvFilter::try_new(&value) {
+            Ok(filter) => (filter, None),
+            Err(error) => ("info,redis=error".into(), Some((value, error))),
+        },
+        Err(_) => ("info,redis=error".into(), None),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,redis=error".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    if let Some((value, error)) = unread {
+        tracing::warn!("RUST_LOG `{value}` is not a log filter ({error}); logging at info");
+    }
     let result = match start(Args::parse()).await {
         Ok((_, server)) => server.await.map_err(Into::into),
         Err(error) => Err(error),
@@ -316,7 +324,14 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .timeout(timeout)
             .build()
             .await
-            .map_err(|e| bad_url("--redis-sentinel", &redact_all(urls), e, SENTINEL_URLS))?;
+            .map_err(|e| match &args.sentinel_master_url {
+                // (The master's URL is read for its credentials and
+                // database alone, but must read as a Redis URL.)
+                Some(master) if e.to_string().contains("invalid redis master url") => {
+                    bad_url("--sentinel-master-url", &redacted(master), e, REDIS_URLS)
+                }
+                _ => bad_url("--redis-sentinel", &redact_all(urls), e, SENTINEL_URLS),
+            })?;
         tracing::info!(
             "store: redis master `{}` through sentinels {}",
             args.sentinel_master,

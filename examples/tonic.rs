@@ -107,12 +107,25 @@ pub async fn call(
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let addr = SocketAddr::from(([127, 0, 0, 1], 50051));
     if std::env::args().nth(1).as_deref() == Some("client") {
-        for answer in call(addr, 3).await? {
+        let answers = call(addr, 3).await.map_err(|e| {
+            // (With the causes: tonic's own error says "transport
+            // error" alone.)
+            let mut text = format!("cannot call the server on {addr}: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        })?;
+        for answer in answers {
             println!("{answer}");
         }
         return Ok(());
     }
-    let listener = TcpListener::bind(addr).await?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     println!("gRPC health service on {}", listener.local_addr()?);
     serve(listener).await?;
     Ok(())

@@ -590,6 +590,26 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
         error.contains("expected comma-separated redis://HOST"),
         "{error}"
     );
+    // The master's URL is its own flag's, and takes a plain Redis URL.
+    let error = start_error(&[
+        "--redis-sentinel",
+        "redis://127.0.0.1:1",
+        "--sentinel-master-url",
+        "foo://x",
+    ])
+    .await;
+    assert!(
+        error.starts_with("--sentinel-master-url foo://x: "),
+        "{error}"
+    );
+    assert!(error.contains("expected redis://HOST"), "{error}");
+    // Sentinels some over TLS and some not.
+    let error = start_error(&[
+        "--redis-sentinel",
+        "redis://127.0.0.1:1,rediss://127.0.0.1:2",
+    ])
+    .await;
+    assert!(error.contains("some rediss://"), "{error}");
     // A URL that reads fine but a server that refuses its password: the
     // error says so, without the password and without blaming the URL's form.
     let guarded = RedisServer::start();

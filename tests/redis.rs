@@ -2440,15 +2440,24 @@ async fn a_sentinel_master_down_at_start_up_is_not_fatal() {
 }
 
 /// A Sentinel setup that cannot work is a configuration error at build:
-/// no sentinel, or a master URL that is not one.
+/// no sentinel, a master URL that is not one, or sentinels some reached
+/// over TLS and some not.
 #[tokio::test]
 async fn a_bad_sentinel_setup_is_a_config_error() {
     let none: [&str; 0] = [];
-    for builder in [
-        RedisStore::builder().sentinel(none, "mymaster"),
-        RedisStore::builder()
-            .sentinel(["redis://127.0.0.1:1"], "mymaster")
-            .sentinel_master_url("not a url"),
+    for (builder, says) in [
+        (RedisStore::builder().sentinel(none, "mymaster"), "sentinel"),
+        (
+            RedisStore::builder()
+                .sentinel(["redis://127.0.0.1:1"], "mymaster")
+                .sentinel_master_url("not a url"),
+            "invalid redis master url",
+        ),
+        (
+            RedisStore::builder()
+                .sentinel(["redis://127.0.0.1:1", "rediss://127.0.0.1:2"], "mymaster"),
+            "some rediss://",
+        ),
     ] {
         let error = builder.build().await.unwrap_err();
         assert_eq!(
@@ -2456,6 +2465,7 @@ async fn a_bad_sentinel_setup_is_a_config_error() {
             tower_ratelimit::StoreErrorKind::Config,
             "{error}"
         );
+        assert!(error.to_string().contains(says), "{error}");
     }
 }
 

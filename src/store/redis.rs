@@ -3019,9 +3019,9 @@ impl Tls {
         redis::Client::open(url)
     }
 
-    /// `Ok` unless the certificates given to a Sentinel store cannot be
-    /// used as given: sentinels of which some are reached over TLS and some
-    /// not (the certificates go to all or none), credentials that differ
+    /// `Ok` unless the sentinels are some reached over TLS and some not
+    /// (one connection setting serves them all), or the certificates given
+    /// to a Sentinel store cannot be used as given: credentials that differ
     /// from one sentinel to another (redis-rs' builder takes one set),
     /// neither the master (`master_url`: its url, or else the first
     /// sentinel's) nor the sentinels over TLS, or a client certificate for
@@ -3033,16 +3033,18 @@ impl Tls {
         sentinels: &[String],
         master_url: Option<&str>,
     ) -> Result<(), StoreError> {
+        // (One connection setting serves every sentinel: TLS for all of
+        // them or for none.)
+        let tls = sentinels.iter().filter(|url| is_tls_url(url)).count();
+        if tls != 0 && tls != sentinels.len() {
+            return Err(config_error(
+                "the sentinels' urls are some rediss:// (TLS) and some not: give them all one scheme",
+            ));
+        }
         #[cfg(feature = "tls")]
         if let Some(certificates) = &self.certificates {
             use redis::IntoConnectionInfo;
             pem_given(certificates)?;
-            let tls = sentinels.iter().filter(|url| is_tls_url(url)).count();
-            if tls != 0 && tls != sentinels.len() {
-                return Err(config_error(
-                    "TLS certificates were given for sentinels of which some urls are rediss:// and some not",
-                ));
-            }
             let master_tls = master_url.is_some_and(is_tls_url);
             if tls == 0 && !master_tls {
                 return Err(config_error(

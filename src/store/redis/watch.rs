@@ -846,9 +846,17 @@ impl Watch {
             return;
         }
         if !self.told_unmapped.swap(true, Ordering::Relaxed) {
+            // (A server that is no Cluster node says so: the store's build
+            // then fails with that error, which the hint must not blame on
+            // an ACL.)
+            let hint = match e.to_string().contains("cluster support disabled") {
+                true => "the server is not a Cluster node: a standalone server is reached as one (RedisStoreBuilder::url, the demo's --redis)",
+                false => "an ACL that denies it? allow the store's user `cluster|slots`",
+            };
             tracing::warn!(
                 error = %e,
-                "CLUSTER SLOTS answered with an error: the store does not know which master serves which slot, so a master that answers nothing is not found, the masters fall back as one, and checks carry no deadline (an ACL that denies it? allow the store's user `cluster|slots`)"
+                hint,
+                "CLUSTER SLOTS answered with an error: the store does not know which master serves which slot, so a master that answers nothing is not found, the masters fall back as one, and checks carry no deadline"
             );
         }
     }
