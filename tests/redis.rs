@@ -2907,7 +2907,7 @@ async fn a_sentinel_store_over_tls_verifies_with_a_private_ca() {
         .await
         .unwrap_err();
     assert_eq!(mixed.kind(), StoreErrorKind::Config, "{mixed}");
-    assert!(mixed.to_string().contains("some urls"), "{mixed}");
+    assert!(mixed.to_string().contains("some rediss://"), "{mixed}");
 
     // What else certificates cannot do through sentinels, named at build:
     // no TLS anywhere, sentinels with different credentials (redis-rs
