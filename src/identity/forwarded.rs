@@ -368,9 +368,12 @@ fn split_unquoted(text: &str, separator: char) -> Vec<&str> {
 /// `for=` inside another pair's quoted value (a `host="x;for=6.6.6.6"` a
 /// client wrote and a proxy copied) is no pair.
 /// An element with a pair that is not `name=value` (`garbage`, `for`,
-/// `for=`, `=x`: RFC 7239's `token "=" value`, the name a token and the
-/// value not empty) is not well-formed either: its hop is malformed (empty
-/// pairs, `;;`, are allowed).
+/// `=x`: RFC 7239's `token "=" value`, the name a token), or with an empty
+/// `for=`, is not well-formed either: its hop is malformed. Empty pairs
+/// (`;;`) and other parameters left empty are allowed: proxies fill them
+/// from what a request may lack (nginx's `host=$http_host` is `host=` for
+/// a request without `Host`), which must not let a client drop its own
+/// address.
 fn for_value(element: &str) -> String {
     let pairs: Vec<(&str, &str)> = split_unquoted(element, ';')
         .into_iter()
@@ -378,8 +381,10 @@ fn for_value(element: &str) -> String {
         .filter(|pair| !pair.is_empty())
         .map(|pair| pair.split_once('=').unwrap_or(("", "")))
         .collect();
-    let well_formed =
-        |(name, value): &(&str, &str)| is_token(name.trim_end()) && !value.trim_start().is_empty();
+    let well_formed = |(name, value): &(&str, &str)| {
+        let name = name.trim_end();
+        is_token(name) && !(name.eq_ignore_ascii_case("for") && value.trim_start().is_empty())
+    };
     if !pairs.iter().all(well_formed) {
         return MALFORMED.to_owned();
     }
@@ -639,6 +644,7 @@ mod tests {
             "garbage;;;==",
             "for=198.51.100.7;proto",
             "fo r=198.51.100.7",
+            "host=x;for=",
         ] {
             assert_eq!(client(line), Client::Token(String::new()), "{line}");
         }
@@ -646,6 +652,10 @@ mod tests {
         // the nearest hop a proxy vouched for is the client.
         for (line, client_ip) in [
             ("for=198.51.100.7;;proto=http", "198.51.100.7"),
+            // (A parameter a proxy fills from what a request may lack,
+            // left empty: the client cannot drop its own address.)
+            ("for=198.51.100.7;host=;proto=http", "198.51.100.7"),
+            ("for=198.51.100.7;host=;proto=", "198.51.100.7"),
             ("proto=https;host=example.com", "10.0.0.1"),
             ("for=198.51.100.7, ", "10.0.0.1"),
             ("for = 198.51.100.7", "198.51.100.7"),
