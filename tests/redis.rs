@@ -2467,6 +2467,20 @@ async fn a_bad_sentinel_setup_is_a_config_error() {
         );
         assert!(error.to_string().contains(says), "{error}");
     }
+    // A local socket, which has no TLS, goes with sentinels of either
+    // scheme (these answer nothing: whatever the build says, not that).
+    let socket_and_tls = RedisStore::builder()
+        .sentinel(
+            ["unix:///nonexistent/sentinel.sock", "rediss://127.0.0.1:2"],
+            "mymaster",
+        )
+        .connect_timeout(Duration::from_millis(200))
+        .timeout(Duration::from_millis(200))
+        .build()
+        .await;
+    if let Err(error) = socket_and_tls {
+        assert!(!error.to_string().contains("some rediss://"), "{error}");
+    }
 }
 
 /// A live reshard: while the slot of a route's budgets migrates between two

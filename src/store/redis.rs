@@ -2924,6 +2924,13 @@ enum Target {
     ClusterPool(deadpool_redis::cluster::Pool),
 }
 
+/// Whether `url` names a Unix socket (`unix://`, `redis+unix://`,
+/// `valkey+unix://`).
+fn is_socket_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("unix") || scheme.to_ascii_lowercase().ends_with("+unix")
+}
+
 /// Whether `url` is one that redis-rs reaches over TLS (`rediss://`,
 /// `valkeys://`).
 fn is_tls_url(url: &str) -> bool {
@@ -3019,8 +3026,8 @@ impl Tls {
         redis::Client::open(url)
     }
 
-    /// `Ok` unless the sentinels are some reached over TLS and some not
-    /// (one connection setting serves them all), or the certificates given
+    /// `Ok` unless the sentinels reached over the network are some over
+    /// TLS and some not, or the certificates given
     /// to a Sentinel store cannot be used as given: credentials that differ
     /// from one sentinel to another (redis-rs' builder takes one set),
     /// neither the master (`master_url`: its url, or else the first
@@ -3033,12 +3040,17 @@ impl Tls {
         sentinels: &[String],
         master_url: Option<&str>,
     ) -> Result<(), StoreError> {
-        // (One connection setting serves every sentinel: TLS for all of
-        // them or for none.)
-        let tls = sentinels.iter().filter(|url| is_tls_url(url)).count();
-        if tls != 0 && tls != sentinels.len() {
+        // (Sentinels over the network, TLS for all or for none: the
+        // master's TLS follows theirs, and one sentinel in clear would
+        // pass in clear what the others protect. A local socket, which
+        // has no TLS, goes with either.)
+        let network = sentinels.iter().filter(|url| !is_socket_url(url));
+        let (tls, all) = network.fold((0, 0), |(t, a), url| {
+            (t + usize::from(is_tls_url(url)), a + 1)
+        });
+        if tls != 0 && tls != all {
             return Err(config_error(
-                "the sentinels' urls are some rediss:// (TLS) and some not: give them all one scheme",
+                "the sentinels' urls are some rediss:// or valkeys:// (TLS) and some redis:// or valkey://: give those reached over the network one scheme",
             ));
         }
         #[cfg(feature = "tls")]
