@@ -157,7 +157,7 @@ local p@, o@, s@ = h@, t@, false
 if h@ > size then
   o@ = nil
 elseif t@ <= now - d@ then
-  if $SHORTER and exact == 0 and size + 1 - h@ + cost <= n@ then
+  if $ISSHORTER and exact == 0 and size + 1 - h@ + cost <= n@ then
     s@, skipped = true, true
   else
     p@, o@ = seek(h@ + 1, now - d@, size, newest, base, tail, key)

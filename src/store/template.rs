@@ -7,7 +7,7 @@
 //! - `$each(SEP){TEXT}` is TEXT once per window, `@` standing for its
 //!   number, joined by SEP (TEXT holds no `}`, SEP no `)`);
 //! - `$N` is the number of windows, and `$NAME` any variable given;
-//! - in an `--$each` block, `$SHORTER` is `true` for every window but the
+//! - in an `--$each` block, `$ISSHORTER` is `true` for every window but the
 //!   last (the longest) and `false` for it: a constant the Lua compiler
 //!   folds, where `@ < $N` would be a comparison made on every run.
 //!
@@ -25,7 +25,9 @@ pub(crate) fn expand(template: &str, n: usize, vars: &[(&str, String)]) -> Strin
                 for i in 1..=n {
                     let shorter = if i < n { "true" } else { "false" };
                     for l in lines.iter() {
-                        let l = l.replace("$SHORTER", shorter).replace('@', &i.to_string());
+                        let l = l
+                            .replace("$ISSHORTER", shorter)
+                            .replace('@', &i.to_string());
                         out.push_str(&inline(&l, n, vars));
                         out.push('\n');
                     }
@@ -89,8 +91,12 @@ mod tests {
             out,
             "local d1, n1, d2, n2, d3, n3 = f('i8i8i8i8i8i8')\nx1 = x1 + 7\nx2 = x2 + 7\nx3 = x3 + 7\nreturn { r1, r2, r3 }, 3\n"
         );
-        let out = expand("--$each\nif $SHORTER and s@ then end\n--$end\n", 2, &[]);
+        let out = expand("--$each\nif $ISSHORTER and s@ then end\n--$end\n", 2, &[]);
         assert_eq!(out, "if true and s1 then end\nif false and s2 then end\n");
+        // (Outside a block it is left as it is, for the template tests to
+        // find: no variable's name starts it.)
+        let out = expand("x = $ISSHORTER + $SHORT\n", 1, &[("SHORT", "8".to_owned())]);
+        assert_eq!(out, "x = $ISSHORTER + 8\n");
     }
 
     #[test]
