@@ -213,14 +213,20 @@ fn first_is_one(reply: &[u8]) -> bool {
         .is_some_and(|n| f64::from_le_bytes(n) == 1.0)
 }
 
-/// One EVALSHA per request, written by hand: what the store must approach.
-async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) -> Response {
-    let user = request
+/// The `x-user` header of a request to a hand-written middleware (`-`
+/// without one).
+fn user_of(request: &Request) -> String {
+    request
         .headers()
         .get("x-user")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("-")
-        .to_owned();
+        .to_owned()
+}
+
+/// One EVALSHA per request, written by hand: what the store must approach.
+async fn ceiling(State(c): State<Arc<Ceiling>>, request: Request, next: Next) -> Response {
+    let user = user_of(&request);
     let mut inv = c.script.prepare_invoke();
     // The keys the store passes for this check: the state alone (no block
     // time, no route-wide windows).
@@ -249,12 +255,7 @@ struct PerWindow {
 }
 
 async fn per_window(State(c): State<Arc<PerWindow>>, request: Request, next: Next) -> Response {
-    let user = request
-        .headers()
-        .get("x-user")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_owned();
+    let user = user_of(&request);
     let mut inv = c.script.prepare_invoke();
     for window in ["1", "60", "3600"] {
         inv.key(format!("pw:{{r:{user}}}:{window}"));

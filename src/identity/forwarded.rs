@@ -375,27 +375,24 @@ fn split_unquoted(text: &str, separator: char) -> Vec<&str> {
 /// a request without `Host`), which must not let a client drop its own
 /// address.
 fn for_value(element: &str) -> String {
-    let pairs: Vec<(&str, &str)> = split_unquoted(element, ';')
-        .into_iter()
-        .map(str::trim)
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| pair.split_once('=').unwrap_or(("", "")))
-        .collect();
-    let well_formed = |(name, value): &(&str, &str)| {
-        let name = name.trim_end();
-        is_token(name) && !(name.eq_ignore_ascii_case("for") && value.trim_start().is_empty())
-    };
-    if !pairs.iter().all(well_formed) {
-        return MALFORMED.to_owned();
+    // (One pass over the pairs: each checked, the `for=` kept.)
+    let mut found = None;
+    for pair in split_unquoted(element, ';') {
+        let pair = pair.trim();
+        if pair.is_empty() {
+            continue;
+        }
+        let (name, value) = pair.split_once('=').unwrap_or(("", ""));
+        let (name, value) = (name.trim_end(), value.trim_start());
+        let is_for = name.eq_ignore_ascii_case("for");
+        if !is_token(name) || (is_for && (value.is_empty() || found.is_some())) {
+            return MALFORMED.to_owned();
+        }
+        if is_for {
+            found = Some(value);
+        }
     }
-    let mut fors = pairs
-        .into_iter()
-        .filter(|(k, _)| k.trim().eq_ignore_ascii_case("for"));
-    match (fors.next(), fors.next()) {
-        (Some((_, v)), None) => unquote(v.trim()),
-        (None, _) => String::new(),
-        (Some(_), Some(_)) => MALFORMED.to_owned(),
-    }
+    found.map_or_else(String::new, |value| unquote(value.trim()))
 }
 
 /// Whether `text` is an RFC 7230 token: one or more `tchar`s.
