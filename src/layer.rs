@@ -804,13 +804,19 @@ impl Fallback {
                 && asked.load(Ordering::Relaxed).saturating_add(FORGET_AFTER) <= now
                 && self.down.fetch_and(!bit, Ordering::AcqRel) & bit != 0
             {
-                let name = self.name_of(index);
-                tracing::info!(
-                    part = index,
-                    store = name.as_deref().unwrap_or("-"),
-                    "no check has asked for a part of the rate-limit store that was down \
-                     in 2 s: it is asked again"
-                );
+                match (index, self.name_of(index)) {
+                    (0, None) => tracing::info!(
+                        "rate-limit store down, but no request needed it for 2 s: leaving the \
+                         fallback store, the next request asks the store again"
+                    ),
+                    (part, name) => tracing::info!(
+                        part,
+                        store = name.as_deref().unwrap_or("-"),
+                        "a part of the rate-limit store down, but no request needed it for \
+                         2 s: its budgets leave the fallback store, the next of their requests \
+                         asks it again"
+                    ),
+                }
             }
         }
     }

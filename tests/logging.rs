@@ -277,7 +277,7 @@ fn a_forgotten_part_is_named() {
         }
     };
     let ((), text) = capture(tracing::Level::INFO, work);
-    let forgotten = only_line(&text, "no check has asked for a part");
+    let forgotten = only_line(&text, "no request needed it for 2 s");
     assert!(forgotten.contains("part=7 store=\"shard 7\""), "{text}");
 }
 
