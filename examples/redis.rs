@@ -16,6 +16,16 @@ use tower_ratelimit::{FailMode, RateLimitLayer, Rule, Rules};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The store's log on stderr: Redis not reachable, the fail mode
+    // applied (at most one warning a second), reconnected. RUST_LOG
+    // overrides the level.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,redis=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
