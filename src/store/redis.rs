@@ -1849,6 +1849,13 @@ struct Lazy<C> {
     /// finish a refresh of its slots, which waits on a master in trouble
     /// (its checks wait meanwhile, as ever).
     probe_timeout: Duration,
+    /// Bounds the script a new connection runs before checks are sent on
+    /// it (see [`runs_scripts`](Self::runs_scripts)): the checks' own
+    /// deadline.
+    ready_timeout: Duration,
+    /// Whether a connection was ever made (the first is logged as made,
+    /// the next ones as made again).
+    connected_once: AtomicBool,
     /// On a Cluster: the first key of the last check that failed, which a
     /// new client must reach to replace a kept one (see
     /// [`try_connect`](Self::try_connect)).
@@ -1913,6 +1920,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             combine: AtomicBool::new(true),
             load_timeout,
             probe_timeout: load_timeout / 2 + shape.ping_timeout,
+            ready_timeout: shape.ping_timeout,
+            connected_once: AtomicBool::new(false),
             failed_key: ArcSwapOption::empty(),
             next_replacement: AtomicU64::new(0),
             probe_key,
@@ -2219,7 +2228,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     "loading the scripts timed out".to_owned(),
                 )
             })??;
+        if !self.heals {
+            self.runs_scripts(&mut conn).await?;
+        }
         self.current.store(Some(Arc::new(conn)));
+        self.connected_once.store(true, Ordering::Relaxed);
         self.timeouts.store(0, Ordering::Relaxed);
         self.failed_key.store(None);
         Ok(())
@@ -2234,6 +2247,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// Cluster master the store's watch holds, which is not asked: the
     /// store decides on the others meanwhile).
     async fn check_access(&self) -> Result<(), RedisError> {
+        // (A connection not a Cluster's ran the probe as it was made: see
+        // `runs_scripts`.)
+        if !self.heals {
+            return Ok(());
+        }
         let key = self.probe_key.as_bytes();
         if self
             .watch
@@ -2245,15 +2263,57 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         let Some(mut conn) = self.get() else {
             return Ok(());
         };
-        let Some(script) = self.scripts.batched(0) else {
+        let Some(probe) = self.access_probe() else {
             return Ok(());
         };
-        let mut probe = redis::cmd("EVALSHA");
-        probe.arg(script.get_hash()).arg(1).arg(key);
         let asked = probe.query_async::<redis::Value>(&mut conn);
         match tokio::time::timeout(self.probe_timeout, asked).await {
             Ok(Err(e)) if e.code() == Some("NOPERM") => Err(e),
             _ => Ok(()),
+        }
+    }
+
+    /// The access probe: an `EVALSHA` of a batch script with no check in
+    /// it, on the store's probe key.
+    fn access_probe(&self) -> Option<redis::Cmd> {
+        let script = self.scripts.batched(0)?;
+        let mut probe = redis::cmd("EVALSHA");
+        probe
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(self.probe_key.as_bytes());
+        Some(probe)
+    }
+
+    /// Whether a new connection (not a Cluster's: its client is asked
+    /// master by master, see [`reconnect`](Self::reconnect)) runs a script
+    /// within the checks' deadline: the access probe's `EVALSHA` (see
+    /// [`check_access`](Self::check_access)), which answers at once and
+    /// touches nothing. A server that answers reads but holds writes and
+    /// scripts (`CLIENT PAUSE ... WRITE`, as a coordinated `FAILOVER`
+    /// does), or one slower than the deadline, would otherwise be connected
+    /// to again and again, every check on it waiting out its deadline
+    /// before the connection is dropped again: the connection is not used
+    /// until its server runs the script in time, and checks fail at once
+    /// meanwhile. Any answer passes (the probe's own error) but a refusal
+    /// (`NOPERM`: the store's user may not run its checks, an error at
+    /// start-up, as [`check_access`](Self::check_access) says, and said
+    /// once by a reconnect); a time-out or a broken connection does not.
+    async fn runs_scripts(&self, conn: &mut C) -> Result<(), RedisError> {
+        let Some(probe) = self.access_probe() else {
+            return Ok(());
+        };
+        let asked = probe.query_async::<redis::Value>(conn);
+        match tokio::time::timeout(self.ready_timeout, asked).await {
+            Ok(Err(e)) if e.is_timeout() || broken(&e) || e.code() == Some("NOPERM") => Err(e),
+            Ok(_) => Ok(()),
+            Err(_) => Err(io_error(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the server did not run a script within the store's timeout ({} ms): are its writes paused (CLIENT PAUSE, a FAILOVER), or is it busy?",
+                    self.ready_timeout.as_millis()
+                ),
+            )),
         }
     }
 
@@ -2296,12 +2356,17 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             // (A Cluster's: a single server's `MOVED`, a proxy's, does not
             // pass. Boxed: a rare path, kept out of every check's future.)
             Err(e) if self.heals && slot_moving(&e) => {
-                let again = again_while_moving(&mut conn, cmd, e, started + deadline);
+                // (Ended a millisecond before the deadline, so that this
+                // says why the check timed out before the caller's bound on
+                // the whole call, when there is one, ends it without a
+                // word.)
+                let until = started + deadline.saturating_sub(Duration::from_millis(1));
+                let again = again_while_moving(&mut conn, cmd, e, until);
                 match Box::pin(again).await {
                     Some(result) => result,
                     None => {
                         self.observe_timeout(started);
-                        return Err(StoreError::timeout());
+                        return Err(timed_out_moving());
                     }
                 }
             }
@@ -2419,10 +2484,15 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                         return;
                     }
                 }
+                let again = this.connected_once.load(Ordering::Relaxed);
                 match this.try_connect().await {
                     Ok(()) => {
                         this.told_misconfigured.store(false, Ordering::Relaxed);
-                        tracing::info!("rate-limit store reconnected to redis");
+                        if again {
+                            tracing::info!("rate-limit store reconnected to redis");
+                        } else {
+                            tracing::info!("rate-limit store connected to redis");
+                        }
                         this.reconnecting.store(false, Ordering::Release);
                         return;
                     }
@@ -2749,6 +2819,17 @@ fn store_error(e: RedisError) -> StoreError {
         StoreErrorKind::Backend
     };
     StoreError::new(kind, e)
+}
+
+/// A check whose slot was moving between Cluster nodes (`ASK`, `TRYAGAIN`)
+/// until its deadline passed while it was sent again: said so, as a slow
+/// server is not the cause.
+#[cold]
+fn timed_out_moving() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        "its key's slot was moving between cluster nodes (ASK / TRYAGAIN) until the deadline; a check on several keys waits until the slot has moved",
+    )
 }
 
 /// A check the script refused because the server's clock was past its
