@@ -308,6 +308,56 @@ fn decision_events_carry_the_store_latency_of_an_asynchronous_store() {
     assert!(!memory.contains("store_us"), "{memory}");
 }
 
+/// A server that holds writes and scripts (`CLIENT PAUSE ... WRITE`) while
+/// the store is built is said to answer but run no script in time (not to
+/// be unreachable); the first connection, made once the pause ends, is
+/// logged as made; and a second pause, after its timeouts drop the
+/// connection, ends with one line that it was made again, not one per try.
+#[test]
+fn connections_to_a_server_holding_writes_are_logged_once_made() {
+    use std::time::{Duration, Instant};
+    use support::redis_server::RedisServer;
+    use tower_ratelimit::store::redis::RedisStore;
+    use tower_ratelimit::{Check, Store, Window};
+    let server = RedisServer::start();
+    let work = async {
+        let minute = Window::new(Duration::from_secs(60), 1000).unwrap();
+        let check = || Check::new("r1:u", [minute]);
+        assert_eq!(server.cli(&["client", "pause", "1000", "write"]), "OK");
+        let store = RedisStore::builder()
+            .url(server.url())
+            .timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        // (Each wait below is bounded: the pause is, and the store tries
+        // again at least every 500 ms.)
+        let decided = |limit: Duration| {
+            let store = store.clone();
+            async move {
+                let until = Instant::now() + limit;
+                while store.check(check()).await.is_err() {
+                    assert!(Instant::now() < until, "never decided again");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        decided(Duration::from_secs(5)).await;
+        assert_eq!(server.cli(&["client", "pause", "1000", "write"]), "OK");
+        let paused = Instant::now();
+        while paused.elapsed() < Duration::from_millis(700) {
+            let _ = store.check(check()).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        decided(Duration::from_secs(5)).await;
+    };
+    let ((), text) = capture(tracing::Level::INFO, work);
+    only_line(&text, "answers, but runs no script in time yet");
+    assert!(!text.contains("not reachable"), "{text}");
+    only_line(&text, "rate-limit store connected to redis");
+    only_line(&text, "rate-limit store reconnected to redis");
+}
+
 /// A store built on one server (`url(..)`) of a Redis Cluster of a single
 /// master, which `build` lets be: once the Cluster gains a second master
 /// and hands it a budget's slot, that budget's checks are answered

@@ -1389,14 +1389,14 @@ async fn a_server_holding_writes(pooled: bool) {
         .unwrap();
     let app = App::new(one_route(Rule::new().second(1)), store);
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    assert_eq!(server.cli(&["client", "pause", "1500", "write"]), "OK");
+    assert_eq!(server.cli(&["client", "pause", "3000", "write"]), "OK");
     let started = Instant::now();
     let (mut waited, mut sent) = (0, 0);
     while started.elapsed() < Duration::from_millis(1200) && sent < 200 {
         let t = Instant::now();
         let reply = app.get("/a", "u").await;
         assert!(!reply.limited(), "(pooled: {pooled})");
-        if t.elapsed() >= deadline / 2 {
+        if t.elapsed() >= deadline * 9 / 10 {
             waited += 1;
         }
         sent += 1;
@@ -1410,7 +1410,7 @@ async fn a_server_holding_writes(pooled: bool) {
         "{waited} of {sent} requests waited out the deadline (pooled: {pooled})"
     );
     // Once the pause ends, limiting resumes.
-    until_limited(&app, "w", Duration::from_secs(4)).await;
+    until_limited(&app, "w", Duration::from_secs(6)).await;
     assert_eq!(
         app.get("/a", "w").await.status,
         StatusCode::TOO_MANY_REQUESTS
@@ -2594,7 +2594,7 @@ async fn a_check_failing_while_its_slot_moves_says_so() {
     use support::redis_server::RedisCluster;
     use tower_ratelimit::{Check, Store, StoreErrorKind, Window};
     let cluster = RedisCluster::start();
-    let deadline = Duration::from_millis(200);
+    let deadline = Duration::from_millis(50);
     let store = cluster_store(&cluster, deadline).await;
     let minute = Window::new(Duration::from_secs(60), 3).unwrap();
     let check = |user: &str| {
@@ -2607,21 +2607,24 @@ async fn a_check_failing_while_its_slot_moves_says_so() {
     let target = (source + 1) % cluster.nodes.len();
     let ports = ports_of(&cluster);
     let target_id = start_moving(&ports, &slot, (source, target));
-    let started = Instant::now();
-    let error = store.check(check("bob")).await.unwrap_err();
-    let took = started.elapsed();
-    assert!(
-        took < deadline + Duration::from_millis(300),
-        "took {took:?}"
-    );
     // (Redis's last answer when the deadline came between two tries, which
-    // says that nothing ran; the slot named as moving when it came during
-    // one, whose outcome is unknown.)
-    let text = error.to_string();
-    match error.kind() {
-        StoreErrorKind::Backend => assert!(text.contains("TryAgain"), "{text}"),
-        StoreErrorKind::Timeout => assert!(text.contains("slot was moving"), "{text}"),
-        other => panic!("{other:?}: {text}"),
+    // says that nothing ran; or, when it came during one, whose outcome is
+    // unknown, a time-out that names the moving slot, where it was a bare
+    // "timed out", as from a slow server, that an outside trial saw.)
+    for _ in 0..6 {
+        let started = Instant::now();
+        let error = store.check(check("bob")).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < deadline + Duration::from_millis(300),
+            "took {took:?}"
+        );
+        let text = error.to_string();
+        match error.kind() {
+            StoreErrorKind::Backend => assert!(text.contains("TryAgain"), "{text}"),
+            StoreErrorKind::Timeout => assert!(text.contains("slot was moving"), "{text}"),
+            other => panic!("{other:?}: {text}"),
+        }
     }
     // Once the slot has moved, Bob's checks are decided.
     finish_moving(&ports, &slot, (source, target), &target_id);

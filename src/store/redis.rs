@@ -1967,6 +1967,13 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             Err(error) if misconfigured(&error) => {
                 return Err(config_error(format!("{what}: {error}")));
             }
+            Err(error) if error.to_string().contains(SCRIPTS_TOO_SLOW) => {
+                tracing::warn!(
+                    %error,
+                    "{what} answers, but runs no script in time yet; retrying in the background"
+                );
+                lazy.reconnect();
+            }
             Err(error) => {
                 tracing::warn!(
                     %error,
@@ -2245,7 +2252,10 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// the key. A refusal (`NOPERM`) is the error: every check would fail
     /// for good. Anything else passes (a server that takes its time, a
     /// Cluster master the store's watch holds, which is not asked: the
-    /// store decides on the others meanwhile).
+    /// store decides on the others meanwhile). On a Cluster only: any other
+    /// connection ran the same probe as it was made, where a server that
+    /// takes longer than the store's timeout fails the connection (see
+    /// [`runs_scripts`](Self::runs_scripts)).
     async fn check_access(&self) -> Result<(), RedisError> {
         // (A connection not a Cluster's ran the probe as it was made: see
         // `runs_scripts`.)
@@ -2304,16 +2314,20 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             return Ok(());
         };
         let asked = probe.query_async::<redis::Value>(conn);
-        match tokio::time::timeout(self.ready_timeout, asked).await {
-            Ok(Err(e)) if e.is_timeout() || broken(&e) || e.code() == Some("NOPERM") => Err(e),
-            Ok(_) => Ok(()),
-            Err(_) => Err(io_error(
+        let slow = || {
+            io_error(
                 std::io::ErrorKind::TimedOut,
                 format!(
-                    "the server did not run a script within the store's timeout ({} ms): are its writes paused (CLIENT PAUSE, a FAILOVER), or is it busy?",
+                    "{SCRIPTS_TOO_SLOW} ({} ms): are its writes paused (CLIENT PAUSE, a FAILOVER), or is it busy?",
                     self.ready_timeout.as_millis()
                 ),
-            )),
+            )
+        };
+        match tokio::time::timeout(self.ready_timeout, asked).await {
+            Ok(Err(e)) if e.is_timeout() => Err(slow()),
+            Ok(Err(e)) if broken(&e) || e.code() == Some("NOPERM") => Err(e),
+            Ok(_) => Ok(()),
+            Err(_) => Err(slow()),
         }
     }
 
@@ -2700,6 +2714,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         self.reconnect();
     }
 }
+
+/// How a new connection whose server does not run the access probe in time
+/// fails (see `Lazy::runs_scripts`): a server that answers, told apart at
+/// start-up from one not reachable.
+const SCRIPTS_TOO_SLOW: &str = "the server did not run a script within the store's timeout";
 
 /// A random time between half of `backoff` and all of it.
 fn jittered(backoff: Duration) -> Duration {
@@ -4611,9 +4630,12 @@ impl RedisStoreBuilder {
     /// (which would answer `MOVED` for the others' budgets), a master name
     /// no sentinel knows, a database number the server does not have, a
     /// password the server refuses, a user whose ACL denies `SCRIPT LOAD`
-    /// or `EVALSHA`, or writing keys under the store's prefix (asked once,
-    /// as the store connects, with an `EVALSHA` on `<prefix>:{probe}:access`
-    /// that touches nothing), a TLS certificate either side refuses. (The
+    /// or `EVALSHA`, or writing keys under the store's prefix (asked as the
+    /// store connects, with an `EVALSHA` on `<prefix>:{probe}:access` that
+    /// touches nothing; asked again on every new connection but a
+    /// Cluster's, which is used only once its server runs it within the
+    /// store's timeout; a refusal there is logged once, as an error), a TLS
+    /// certificate either side refuses. (The
     /// store's user needs `EVALSHA`, `SCRIPT LOAD` and its keys, and uses `SCRIPT EXISTS`, `TIME` and `INFO` where
     /// its ACL allows them; on a Cluster, also what redis-rs's cluster
     /// client asks, such as `CLUSTER SLOTS`, and `PING` and `EXISTS` to
