@@ -1417,6 +1417,48 @@ async fn a_server_holding_writes(pooled: bool) {
     );
 }
 
+/// A store pointed at a replica (`url(..)` on a server a failover demoted,
+/// or a mistake) does not connect to it: it would answer every check
+/// `READONLY`, on which the store drops the connection, and the store
+/// would connect to it again at once, once per check (an outside review
+/// counted one connection and one logged reconnect per request). The
+/// checks fail at once by the fail mode, a handful of connections are
+/// tried, and once the replica is made a master its checks are decided.
+#[tokio::test]
+async fn a_replica_is_not_connected_to_once_per_check() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let store = RedisStore::builder()
+        .url(replica.url())
+        .timeout(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let app = App::new(one_route(Rule::new().second(1)), store);
+    let connections = || -> u64 {
+        let info = replica.cli(&["info", "stats"]);
+        let line = info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .unwrap();
+        line.trim().parse().unwrap()
+    };
+    let before = connections();
+    for i in 0..20 {
+        let started = Instant::now();
+        let reply = app.get("/a", &format!("u{i}")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(!reply.limited());
+        assert!(started.elapsed() < Duration::from_millis(40));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // (Each `cli` call is a connection too: the two of `connections`.)
+    let made = connections() - before - 1;
+    assert!(made <= 5, "{made} connections for 20 checks");
+    assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
+    until_limited(&app, "w", Duration::from_secs(4)).await;
+}
+
 #[tokio::test]
 async fn unreachable_redis_at_start_up_is_not_fatal() {
     let mut server = RedisServer::start();

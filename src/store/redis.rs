@@ -1967,6 +1967,15 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             Err(error) if misconfigured(&error) => {
                 return Err(config_error(format!("{what}: {error}")));
             }
+            Err(error) if is_replica(&error) => {
+                tracing::warn!(
+                    %error,
+                    "{what} is a replica; retrying in the background until it is a master"
+                );
+                // (Said: not again by the loop's first try.)
+                lazy.told_misconfigured.store(true, Ordering::Relaxed);
+                lazy.reconnect();
+            }
             Err(error) if error.to_string().contains(SCRIPTS_TOO_SLOW) => {
                 tracing::warn!(
                     %error,
@@ -2212,6 +2221,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         let prepare = async {
             if !self.heals {
                 not_a_cluster_node(&mut conn).await?;
+                not_a_replica(&mut conn).await?;
             }
             self.scripts.ensure(&mut conn).await?;
             if !self.deadlines {
@@ -2519,6 +2529,14 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     {
                         tracing::error!(%error, "redis reconnect refused: the store's setup is wrong");
                     }
+                    // (A replica: said once too, as a warning; a failover may
+                    // make it a master.)
+                    Err(error)
+                        if is_replica(&error)
+                            && !this.told_misconfigured.swap(true, Ordering::Relaxed) =>
+                    {
+                        tracing::warn!(%error, "redis reconnect refused: trying again until the server is a master");
+                    }
                     Err(error) => tracing::debug!(%error, "redis reconnect failed"),
                 }
                 drop(this);
@@ -2713,6 +2731,36 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         }
         self.reconnect();
     }
+}
+
+/// Refuses a server that is a replica (`INFO replication` says
+/// `role:slave`): it would answer every check `READONLY`, on which the
+/// store drops the connection, and it would connect to it again at once,
+/// once per check. Refused, the connection is tried again in the
+/// background (every 25–500 ms), and checks fail at once meanwhile; a
+/// replica a failover promotes is used once it is a master. (A user whose
+/// ACL denies `INFO` is not asked.)
+async fn not_a_replica<C: ConnectionLike>(conn: &mut C) -> Result<(), RedisError> {
+    let info: RedisResult<String> = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await;
+    match info {
+        Ok(text) if text.lines().any(|line| line.trim_end() == "role:slave") => {
+            Err(io_error(std::io::ErrorKind::Other, A_REPLICA.to_owned()))
+        }
+        Err(e) if broken(&e) || e.is_timeout() => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// How a connection to a replica is refused (see [`not_a_replica`]).
+const A_REPLICA: &str =
+    "the server is a replica (read-only): point the store at its master, or at its sentinels";
+
+/// Whether `e` is [`not_a_replica`]'s refusal.
+fn is_replica(e: &RedisError) -> bool {
+    e.to_string().contains(A_REPLICA)
 }
 
 /// How a new connection whose server does not run the access probe in time
@@ -4644,9 +4692,10 @@ impl RedisStoreBuilder {
     /// on connections of its own, as it connects and when checks fail, to
     /// find a master that answers nothing, whose checks then fail at once
     /// (see the README).) A Redis that
-    /// cannot be reached yet is not an error: the store logs a warning,
-    /// keeps connecting in the background, and until then every check
-    /// fails, so the layer's fail mode applies.
+    /// cannot be reached yet is not an error, nor a replica (which a
+    /// failover may promote; it would answer every check `READONLY`): the
+    /// store logs a warning, keeps connecting in the background, and until
+    /// then every check fails, so the layer's fail mode applies.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         if self.prefix.contains(['{', '}']) {
             return Err(config_error("the key prefix must not contain `{` or `}`"));
