@@ -330,6 +330,21 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
                 Some(master) if e.to_string().contains("invalid redis master url") => {
                     bad_url("--sentinel-master-url", &redacted(master), e, REDIS_URLS)
                 }
+                // (A refused password or database: the master's come from
+                // --sentinel-master-url, each sentinel's from its URL.)
+                Some(master)
+                    if e.kind() == StoreErrorKind::Config
+                        && ["authentication", "WRONGPASS", "NOAUTH", "DB index"]
+                            .iter()
+                            .any(|word| e.to_string().contains(word)) =>
+                {
+                    format!(
+                        "--redis-sentinel {} with --sentinel-master-url {}: {e} (the master's user, password and database are --sentinel-master-url's; each sentinel's, its own URL's)",
+                        redact_all(urls),
+                        redacted(master)
+                    )
+                    .into()
+                }
                 _ => bad_url("--redis-sentinel", &redact_all(urls), e, SENTINEL_URLS),
             })?;
         tracing::info!(

@@ -419,6 +419,22 @@ async fn two_replicas_through_sentinel_share_each_budget() {
         .master
         .cli(&["-n", "3", "--scan", "--pattern", "*judy*"]);
     assert!(!keys.is_empty(), "judy's budget in database 3");
+
+    // A password the master refuses is laid at `--sentinel-master-url`'s
+    // door too, without the password.
+    let error = start_error(&[
+        "--redis-sentinel",
+        url.as_str(),
+        "--sentinel-master-url",
+        "redis://judy:hunter2@master/0",
+    ])
+    .await;
+    assert!(
+        error.contains("with --sentinel-master-url redis://judy:"),
+        "{error}"
+    );
+    assert!(error.contains("Password authentication failed"), "{error}");
+    assert!(!error.contains("hunter2"), "{error}");
 }
 
 /// A Redis that never answers: each fail mode, well within a second.

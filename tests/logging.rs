@@ -358,6 +358,38 @@ fn connections_to_a_server_holding_writes_are_logged_once_made() {
     only_line(&text, "rate-limit store reconnected to redis");
 }
 
+/// A reconnect that keeps failing (the server gone; through Sentinel, the
+/// sentinels down) says why once, as a warning, not once per try: the
+/// layer's own warnings say only that the store is not connected.
+#[test]
+fn a_reconnect_that_keeps_failing_says_why_once() {
+    use std::time::{Duration, Instant};
+    use support::redis_server::RedisServer;
+    use tower_ratelimit::store::redis::RedisStore;
+    use tower_ratelimit::{Check, Store, Window};
+    let mut server = RedisServer::start();
+    let work = async {
+        let store = RedisStore::builder()
+            .url(server.url())
+            .timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        let minute = Window::new(Duration::from_secs(60), 1000).unwrap();
+        assert!(store.check(Check::new("r1:u", [minute])).await.is_ok());
+        server.kill();
+        // (The store tries again every 25–500 ms: several tries in 1.5 s.)
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(1500) {
+            assert!(store.check(Check::new("r1:u", [minute])).await.is_err());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let ((), text) = capture(tracing::Level::INFO, work);
+    let line = only_line(&text, "redis reconnect failed; retrying in the background");
+    assert!(line.contains("WARN"), "{line}");
+}
+
 /// A store built on one server (`url(..)`) of a Redis Cluster of a single
 /// master, which `build` lets be: once the Cluster gains a second master
 /// and hands it a budget's slot, that budget's checks are answered
