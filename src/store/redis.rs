@@ -2608,7 +2608,14 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     }
                     Err(error) if warned.is_none_or(|at| at.elapsed() >= REPEAT_WARNING) => {
                         warned = Some(tokio::time::Instant::now());
-                        tracing::warn!(%error, "redis reconnect failed; retrying in the background");
+                        // (redis-rs' words when the master the sentinels
+                        // name does not answer as a master, as while a
+                        // failover is under way.)
+                        let hint = error
+                            .to_string()
+                            .contains("MasterNameNotFoundBySentinel")
+                            .then_some("no sentinel names a master that answers as one: a failover under way?");
+                        tracing::warn!(%error, hint, "redis reconnect failed; retrying in the background");
                     }
                     Err(error) => tracing::debug!(%error, "redis reconnect failed"),
                 }
