@@ -1449,12 +1449,16 @@ async fn a_replica_is_not_connected_to_once_per_check() {
         let reply = app.get("/a", &format!("u{i}")).await;
         assert_eq!(reply.status, StatusCode::OK);
         assert!(!reply.limited());
-        assert!(started.elapsed() < Duration::from_millis(40));
+        // (At once: no connection to wait on. Bounded loosely, for a busy
+        // machine.)
+        assert!(started.elapsed() < Duration::from_millis(250));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // (Each `cli` call is a connection too: the two of `connections`.)
+    // (Each `cli` call is a connection too: the two of `connections`. The
+    // store's tries back off from 25–50 ms to 250–500 ms: about six in
+    // these 0.5 s.)
     let made = connections() - before - 1;
-    assert!(made <= 5, "{made} connections for 20 checks");
+    assert!(made <= 9, "{made} connections for 20 checks");
     assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
     until_limited(&app, "w", Duration::from_secs(4)).await;
 }
