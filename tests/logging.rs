@@ -317,19 +317,13 @@ fn decision_events_carry_the_store_latency_of_an_asynchronous_store() {
 fn connections_to_a_server_holding_writes_are_logged_once_made() {
     use std::time::{Duration, Instant};
     use support::redis_server::RedisServer;
-    use tower_ratelimit::store::redis::RedisStore;
     use tower_ratelimit::{Check, Store, Window};
     let server = RedisServer::start();
     let work = async {
         let minute = Window::new(Duration::from_secs(60), 1000).unwrap();
         let check = || Check::new("r1:u", [minute]);
         assert_eq!(server.cli(&["client", "pause", "1000", "write"]), "OK");
-        let store = RedisStore::builder()
-            .url(server.url())
-            .timeout(Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
+        let store = store_at(server.url()).await;
         // (Each wait below is bounded: the pause is, and the store tries
         // again at least every 500 ms.)
         let decided = |limit: Duration| {
@@ -365,16 +359,10 @@ fn connections_to_a_server_holding_writes_are_logged_once_made() {
 fn a_reconnect_that_keeps_failing_says_why_once() {
     use std::time::{Duration, Instant};
     use support::redis_server::RedisServer;
-    use tower_ratelimit::store::redis::RedisStore;
     use tower_ratelimit::{Check, Store, Window};
     let mut server = RedisServer::start();
     let work = async {
-        let store = RedisStore::builder()
-            .url(server.url())
-            .timeout(Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
+        let store = store_at(server.url()).await;
         let minute = Window::new(Duration::from_secs(60), 1000).unwrap();
         assert!(store.check(Check::new("r1:u", [minute])).await.is_ok());
         server.kill();
@@ -445,6 +433,16 @@ fn a_server_that_answers_moved_is_named_a_cluster_node_once() {
 }
 
 /// The one line of `text` that holds `needle` (there must be exactly one).
+/// A Redis store at `url`, with a 50 ms deadline.
+async fn store_at(url: String) -> tower_ratelimit::store::redis::RedisStore {
+    tower_ratelimit::store::redis::RedisStore::builder()
+        .url(url)
+        .timeout(std::time::Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap()
+}
+
 fn only_line<'a>(text: &'a str, needle: &str) -> &'a str {
     let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
     assert_eq!(lines.len(), 1, "{needle}: {text}");

@@ -156,6 +156,28 @@ async fn until_limited(app: &App, user: &str, within: Duration) -> Duration {
     }
 }
 
+/// [`until_limited`] for user `w`, whose next request (of a second's
+/// limit of 1) is then denied.
+async fn limiting_resumes(app: &App, within: Duration) {
+    until_limited(app, "w", within).await;
+    assert_eq!(
+        app.get("/a", "w").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// The layer with a limit of 1 a second on `/a`, on a store of `server`
+/// (a caller's pool of it if `pooled`) with this `deadline`.
+async fn one_a_second_on(server: &RedisServer, pooled: bool, deadline: Duration) -> App {
+    let store = builder_for(server, pooled)
+        .0
+        .timeout(deadline)
+        .build()
+        .await
+        .unwrap();
+    App::new(one_route(Rule::new().second(1)), store)
+}
+
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
@@ -1335,13 +1357,7 @@ async fn paused_redis_cannot_stall_requests() {
 async fn paused_redis_cannot_stall(pooled: bool) {
     let server = RedisServer::start();
     let deadline = Duration::from_millis(50);
-    let store = builder_for(&server, pooled)
-        .0
-        .timeout(deadline)
-        .build()
-        .await
-        .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), store);
+    let app = one_a_second_on(&server, pooled, deadline).await;
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(server.cli(&["client", "pause", "1500", "all"]), "OK");
     let started = Instant::now();
@@ -1358,11 +1374,7 @@ async fn paused_redis_cannot_stall(pooled: bool) {
     }
     assert!(started.elapsed() < Duration::from_millis(1500));
     // Once the pause ends, limiting resumes.
-    until_limited(&app, "w", Duration::from_secs(4)).await;
-    assert_eq!(
-        app.get("/a", "w").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    limiting_resumes(&app, Duration::from_secs(4)).await;
 }
 
 #[tokio::test]
@@ -1381,13 +1393,7 @@ async fn a_server_holding_writes_is_not_connected_to_again_and_again() {
 async fn a_server_holding_writes(pooled: bool) {
     let server = RedisServer::start();
     let deadline = Duration::from_millis(50);
-    let store = builder_for(&server, pooled)
-        .0
-        .timeout(deadline)
-        .build()
-        .await
-        .unwrap();
-    let app = App::new(one_route(Rule::new().second(1)), store);
+    let app = one_a_second_on(&server, pooled, deadline).await;
     assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
     assert_eq!(server.cli(&["client", "pause", "3000", "write"]), "OK");
     let started = Instant::now();
@@ -1410,11 +1416,7 @@ async fn a_server_holding_writes(pooled: bool) {
         "{waited} of {sent} requests waited out the deadline (pooled: {pooled})"
     );
     // Once the pause ends, limiting resumes.
-    until_limited(&app, "w", Duration::from_secs(6)).await;
-    assert_eq!(
-        app.get("/a", "w").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    limiting_resumes(&app, Duration::from_secs(6)).await;
 }
 
 /// A store pointed at a replica (`url(..)` on a server a failover demoted,
@@ -1460,7 +1462,7 @@ async fn a_replica_is_not_connected_to_once_per_check() {
     let made = connections() - before - 1;
     assert!(made <= 9, "{made} connections for 20 checks");
     assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
-    until_limited(&app, "w", Duration::from_secs(4)).await;
+    limiting_resumes(&app, Duration::from_secs(4)).await;
 }
 
 #[tokio::test]

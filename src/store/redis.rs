@@ -961,6 +961,16 @@ struct Follow {
     patience: Duration,
 }
 
+impl Follow {
+    /// The address the current connection was made to.
+    fn connected(&self) -> Option<String> {
+        self.connected_to
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// Asks the sentinels, in turn, which address they name as `service`'s
 /// master (`SENTINEL GET-MASTER-ADDR-BY-NAME`), over one connection kept to
 /// the first that answers.
@@ -2195,12 +2205,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 let Ok(Some(named)) = asked else { continue };
                 let Some(this) = weak.upgrade() else { return };
                 let Some(follow) = &this.follow else { return };
-                let connected = follow
-                    .connected_to
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
-                let Some(connected) = connected.filter(|at| *at != named) else {
+                let Some(connected) = follow.connected().filter(|at| *at != named) else {
                     disagreeing = false;
                     continue;
                 };
@@ -2569,12 +2574,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     Ok(()) => {
                         this.told_misconfigured.store(false, Ordering::Relaxed);
                         // (Through sentinels: the master it reached.)
-                        let master = this.follow.as_ref().and_then(|f| {
-                            f.connected_to
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .clone()
-                        });
+                        let master = this.follow.as_ref().and_then(Follow::connected);
                         let master = master.as_deref();
                         if again {
                             tracing::info!(master, "rate-limit store reconnected to redis");
