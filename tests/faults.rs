@@ -1077,6 +1077,16 @@ async fn stall_a_master(
 ) -> (Vec<String>, Vec<usize>, usize, Instant) {
     let (users, masters) = decided_spread(cluster, app).await;
     let stalled = masters[0];
+    // (Once the store has read its clock: checks carry no deadline before,
+    // and a reading may take longer than a check on a busy machine.)
+    let started = Instant::now();
+    while !cluster.nodes[stalled]
+        .cli(&["info", "commandstats"])
+        .contains("cmdstat_time:")
+    {
+        assert!(started.elapsed() < Duration::from_secs(5), "no clock read");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let ms = ms.to_string();
     assert_eq!(
         cluster.nodes[stalled].cli(&["client", "pause", &ms, "all"]),

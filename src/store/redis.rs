@@ -774,6 +774,9 @@ struct ServerClock {
     /// kept (another node's clock, when a Cluster master's number went to
     /// another).
     generation: AtomicU64,
+    /// Whether the reading kept is a rough one (see
+    /// [`read_by`](Self::read_by)): read again at the next chance.
+    rough: AtomicBool,
 }
 
 /// What a deadline on the server's clock allows beyond the check's own,
@@ -795,8 +798,16 @@ const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 const CLOCK_DRIFT: u64 = 1_000;
 
 /// The longest round trip of a reading that is trusted (its error is up
-/// to half of it).
+/// to half of it); a longer one is kept only while no other is known.
 const TRUSTED_READING: Duration = Duration::from_millis(100);
+
+/// How long a reading of a Cluster master's clock may take (at least; the
+/// store's response timeout when longer). It runs beside the checks, not
+/// before any: a master whose clock is not known yet has its checks sent
+/// without a deadline, so on a loaded machine a reading cut at a short
+/// response timeout (50 ms) again and again left a master's checks
+/// without one for as long.
+const CLOCK_PATIENCE: Duration = Duration::from_millis(500);
 
 /// How often the server's clock is read again while checks flow.
 const CLOCK_READ_EVERY: Duration = Duration::from_secs(10);
@@ -809,6 +820,7 @@ impl ServerClock {
             read_at: AtomicU64::new(0),
             error: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            rough: AtomicBool::new(false),
         }
     }
 
@@ -818,14 +830,16 @@ impl ServerClock {
         )
     }
 
-    /// Reads the server's clock on `conn` (a reading whose round trip took
-    /// over [`TRUSTED_READING`] is not trusted).
+    /// Reads the server's clock on `conn` (see [`read_by`](Self::read_by)).
     async fn read<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
         self.read_by(redis::cmd("TIME").query_async(conn)).await
     }
 
-    /// [`read`](Self::read), the server's `TIME` (seconds, microseconds)
-    /// asked by `time`.
+    /// Reads the server's `TIME` (seconds, microseconds) asked by `time`.
+    /// A reading whose round trip took over [`TRUSTED_READING`] is rough:
+    /// kept only while no other is known (its error, half the round trip,
+    /// widens the deadlines, which still refuse a check run after a stall
+    /// longer than that), and the clock is read again at the next chance.
     async fn read_by(
         &self,
         time: impl Future<Output = RedisResult<(i64, i64)>>,
@@ -835,12 +849,16 @@ impl ServerClock {
         let (secs, micros) = time.await?;
         let received = Instant::now();
         let round_trip = received.duration_since(sent);
-        if round_trip <= TRUSTED_READING && self.generation.load(Ordering::Acquire) == generation {
+        let trusted = round_trip <= TRUSTED_READING;
+        let unknown =
+            self.read_at.load(Ordering::Acquire) == 0 || self.rough.load(Ordering::Relaxed);
+        if (trusted || unknown) && self.generation.load(Ordering::Acquire) == generation {
             let local = (self.micros(sent) + self.micros(received)) / 2;
             let server = secs.saturating_mul(1_000_000).saturating_add(micros);
             self.offset.store(server - local, Ordering::Relaxed);
             let error = crate::clock::duration_micros(round_trip / 2);
             self.error.store(error, Ordering::Relaxed);
+            self.rough.store(!trusted, Ordering::Relaxed);
             let ms =
                 u64::try_from(received.duration_since(self.origin).as_millis()).unwrap_or(u64::MAX);
             self.read_at.store(ms.saturating_add(1), Ordering::Release);
@@ -852,12 +870,14 @@ impl ServerClock {
         Ok(())
     }
 
-    /// Whether the clock should be read (never read, asked to, or read
-    /// [`CLOCK_READ_EVERY`] ago).
+    /// Whether the clock should be read (never read, asked to, read
+    /// roughly, or read [`CLOCK_READ_EVERY`] ago).
     fn stale(&self) -> bool {
         let at = self.read_at.load(Ordering::Acquire);
         let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        at == 0 || now.saturating_sub(at) >= CLOCK_READ_EVERY.as_millis() as u64
+        at == 0
+            || self.rough.load(Ordering::Relaxed)
+            || now.saturating_sub(at) >= CLOCK_READ_EVERY.as_millis() as u64
     }
 
     /// A check's deadline on the server's clock, in microseconds, for a
@@ -1890,6 +1910,9 @@ struct Lazy<C> {
     map_only: Option<Arc<Watch>>,
     /// See [`Shape::deadlines`].
     deadlines: bool,
+    /// Whether a round of [`read_master_clocks`](Self::read_master_clocks)
+    /// runs (in a task of its own: see [`maintain`](Self::maintain)).
+    reading_clocks: AtomicBool,
     scripts: Arc<Scripts>,
     /// Whether a batch's checks of one kind go as one call of their batch
     /// script; turned off for good when the server refuses a call whose
@@ -1960,6 +1983,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             watch,
             map_only,
             deadlines: shape.deadlines,
+            reading_clocks: AtomicBool::new(false),
             current: ArcSwapOption::empty(),
             connect,
             reconnecting: AtomicBool::new(false),
@@ -2016,9 +2040,15 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 if let Err(error) = access.await {
                     return Err(config_error(format!("{what}: {error}")));
                 }
-                // (The first checks carry deadlines too.)
+                // (The first checks carry deadlines too, when the masters
+                // answer in time; a slower one's reading goes on behind.)
                 lazy.read_slot_map(shape.ping_timeout).await;
-                lazy.read_master_clocks(shape.ping_timeout).await;
+                match lazy.read_clocks_behind(shape.ping_timeout) {
+                    Some(round) => {
+                        let _ = tokio::time::timeout(shape.ping_timeout, round).await;
+                    }
+                    None => lazy.read_master_clocks(shape.ping_timeout).await,
+                }
             }
             Err(error) if misconfigured(&error) => {
                 return Err(config_error(format!("{what}: {error}")));
@@ -2093,9 +2123,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                     map_read = tokio::time::Instant::now();
                     this.read_slot_map(ping_timeout).await;
                 }
-                if this.masters().is_some() {
-                    this.read_master_clocks(ping_timeout).await;
-                }
+                this.read_clocks_behind(ping_timeout);
                 unused = match this.used.swap(false, Ordering::Relaxed) {
                     true => 0,
                     false => unused.saturating_add(1),
@@ -2117,6 +2145,27 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 unused = 0;
             }
         });
+    }
+
+    /// On a Cluster: a round of
+    /// [`read_master_clocks`](Self::read_master_clocks), each reading
+    /// bounded by `timeout` or [`CLOCK_PATIENCE`] (the longer), in a task
+    /// of its own (a master slow to answer delays neither the upkeep's
+    /// other work nor the store's start), one round at a time; `None` when
+    /// one runs already (or on one server, or outside a Tokio runtime).
+    fn read_clocks_behind(
+        self: &Arc<Self>,
+        timeout: Duration,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        if self.masters().is_none() || self.reading_clocks.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let reader = Arc::clone(self);
+        Some(runtime.spawn(async move {
+            reader.read_master_clocks(timeout.max(CLOCK_PATIENCE)).await;
+            reader.reading_clocks.store(false, Ordering::Release);
+        }))
     }
 
     /// The slots' masters of a Cluster: the store's watch of them, or the
@@ -5329,6 +5378,43 @@ mod tests {
             assert_eq!(clock.deadline(Instant::now(), Duration::ZERO), None);
             clock.read_at.store(1, Ordering::Release);
         }
+    }
+
+    /// A reading of the server's clock slower than [`TRUSTED_READING`]
+    /// is kept while none other is known (its checks carry a deadline,
+    /// widened by half its round trip, instead of none), and read again at
+    /// the next chance; it never replaces a trusted one.
+    #[tokio::test]
+    async fn a_slow_reading_of_the_clock_is_kept_only_while_none_other_is() {
+        // (Slow on the real clock, which the readings' round trips are
+        // taken on.)
+        let slow = |secs: i64| async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            Ok((secs, 0))
+        };
+        let clock = ServerClock::new();
+        let deadline = |c: &ServerClock| c.deadline(Instant::now(), Duration::from_millis(50));
+        assert_eq!(deadline(&clock), None);
+        clock.read_by(slow(1_000)).await.unwrap();
+        // (1,000 s, 50 ms on, 5 ms of margin, and at least 75 ms of error:
+        // half the round trip.)
+        let rough = deadline(&clock).unwrap();
+        assert!((1_000_130_000..1_002_000_000).contains(&rough), "{rough}");
+        assert!(clock.stale());
+        // A trusted reading replaces it, and is not due again at once.
+        clock.read_by(async { Ok((2_000, 0)) }).await.unwrap();
+        let trusted = deadline(&clock).unwrap();
+        assert!(
+            (2_000_055_000..2_000_070_000).contains(&trusted),
+            "{trusted}"
+        );
+        assert!(!clock.stale());
+        // A slow one then leaves it as it was (read as 2,000 s, 150 ms
+        // before: not 3,000 s).
+        clock.read_by(slow(3_000)).await.unwrap();
+        let kept = deadline(&clock).unwrap();
+        assert!((2_000_205_000..2_001_000_000).contains(&kept), "{kept}");
+        assert!(!clock.stale());
     }
 
     #[test]
