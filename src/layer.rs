@@ -950,6 +950,7 @@ impl WarnGate {
             tracing::warn!(
                 status = error.status().as_u16(),
                 error = error.message(),
+                hint = error.hint(),
                 suppressed,
                 "rate-limit identity failed with a server error"
             );

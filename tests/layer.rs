@@ -221,7 +221,14 @@ async fn client_ip_without_connect_info_is_a_server_error() {
         .layer(RateLimitLayer::new(rules(), MemoryStore::new()));
     let (status, body) = status(&router, get("/a")).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(std::str::from_utf8(&body).unwrap().contains("ConnectInfo"));
+    // (The server's setup is the operator's business, logged: see
+    // tests/logging.rs. The client reads that its address was unknown.)
+    let body = std::str::from_utf8(&body).unwrap();
+    assert!(
+        body.contains("could not tell the client's address"),
+        "{body}"
+    );
+    assert!(!body.contains("ConnectInfo"), "{body}");
 }
 
 #[tokio::test]
@@ -254,6 +261,23 @@ async fn header_identity_and_global_identity() {
             "{body}"
         );
     }
+
+    // No challenge unless given; given, the 401 carries it.
+    let unchallenged = by_key.clone().oneshot(get("/a")).await.unwrap();
+    assert_eq!(unchallenged.headers().get("www-authenticate"), None);
+    let challenging = Router::new().fallback(|| async { "ok" }).layer(
+        RateLimitLayer::new(rules(), MemoryStore::new()).identify(
+            HeaderKey::new(http::HeaderName::from_static("x-api-key")).challenge(
+                http::HeaderValue::from_static(r#"ApiKey header="x-api-key""#),
+            ),
+        ),
+    );
+    let challenged = challenging.oneshot(get("/a")).await.unwrap();
+    assert_eq!(challenged.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        challenged.headers().get("www-authenticate").unwrap(),
+        r#"ApiKey header="x-api-key""#
+    );
 
     let global = Router::new()
         .fallback(|| async { "ok" })

@@ -169,6 +169,33 @@ fn identity_server_errors_warn_once_a_second() {
     assert!(first.contains("status=500"), "{text}");
 }
 
+/// A server that does not record the peer address `ClientIp` needs: the
+/// warning tells the operator how to set it up (the client's `500` does
+/// not: tests/layer.rs).
+#[test]
+fn a_missing_peer_address_warns_with_the_setup_to_fix() {
+    use tower::ServiceExt;
+    let work = async {
+        let started = std::time::Instant::now();
+        let router = axum::Router::new().fallback(|| async { "ok" }).layer(
+            tower_ratelimit::RateLimitLayer::new(one(Rule::new().second(1)), MemoryStore::new()),
+        );
+        let request = http::Request::builder()
+            .uri("/a")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 500);
+        started.elapsed()
+    };
+    let (text, first) = warned_once(work);
+    assert!(first.contains("status=500"), "{text}");
+    assert!(
+        first.contains("hint=") && first.contains("into_make_service_with_connect_info"),
+        "{text}"
+    );
+}
+
 /// A store that answers later (as Redis does), deciding on a memory store.
 #[derive(Clone)]
 struct Later(MemoryStore);

@@ -3,7 +3,9 @@
 //! An identity source implements [`Identify`]. Any closure
 //! `Fn(&http::request::Parts) -> impl Future<Output = Result<Identity, IdentityError>>`
 //! does, as long as its future does not borrow the request head (copy what
-//! it needs out of the head first, then `async move`). The examples here
+//! it needs out of the head first, then `async move`; and name the
+//! parameter's type, `|head: &Parts|`, which Rust does not infer for a
+//! closure passed to a generic method). The examples here
 //! key users by an `x-api-key` header as it comes; a real service keys them
 //! by a key it has verified (a client that sends a new key with every
 //! request is otherwise a new user with a fresh budget every time):
@@ -22,6 +24,31 @@
 //!         }
 //!     }
 //! };
+//! # let _ = tower_ratelimit::RateLimitLayer::new(
+//! #     tower_ratelimit::Rules::builder().build().unwrap(),
+//! #     tower_ratelimit::MemoryStore::new(),
+//! # ).identify(identify);
+//! ```
+//!
+//! A named function does as well, written the same way: it copies out of
+//! the head, and returns a future that does not capture the head's
+//! lifetime. Since the 2024 edition, a returned `impl Future` captures
+//! every lifetime of the arguments unless told otherwise, so the return
+//! type says `use<>` (an `async fn` taking `&Parts` always borrows it, and
+//! is refused with "one type is more general than the other": make it a
+//! function like this one, or box its future):
+//!
+//! ```
+//! use std::future::Future;
+//! use http::request::Parts;
+//! use tower_ratelimit::identity::{Identity, IdentityError};
+//!
+//! fn identify(
+//!     head: &Parts,
+//! ) -> impl Future<Output = Result<Identity, IdentityError>> + Send + use<> {
+//!     let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
+//!     async move { key.map(Identity::new).ok_or_else(|| IdentityError::new("missing x-api-key")) }
+//! }
 //! # let _ = tower_ratelimit::RateLimitLayer::new(
 //! #     tower_ratelimit::Rules::builder().build().unwrap(),
 //! #     tower_ratelimit::MemoryStore::new(),
@@ -234,6 +261,9 @@ pub struct IdentityError {
     message: Cow<'static, str>,
     status: StatusCode,
     challenge: Option<http::HeaderValue>,
+    /// For the operator: logged with a server error's warning, never sent
+    /// to the client (how to set the server up, say).
+    hint: Option<&'static str>,
 }
 
 impl IdentityError {
@@ -245,6 +275,7 @@ impl IdentityError {
             message: message.into(),
             status: StatusCode::UNAUTHORIZED,
             challenge: None,
+            hint: None,
         }
     }
 
@@ -282,6 +313,20 @@ impl IdentityError {
     /// The message (it goes into the default response's `detail`).
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// With a hint for the operator (see [`hint`](Self::hint)).
+    pub(crate) fn with_hint(mut self, hint: &'static str) -> Self {
+        self.hint = Some(hint);
+        self
+    }
+
+    /// What the operator should do about it, logged with a server error's
+    /// warning and not sent to the client: a built-in identity's error
+    /// carries one when the server's setup is at fault (say, a server that
+    /// does not record the peer address [`ClientIp`] needs).
+    pub fn hint(&self) -> Option<&str> {
+        self.hint
     }
 }
 
@@ -577,10 +622,13 @@ impl ClientIp {
 
 /// The error of an identity that needs the peer address and has none.
 pub(crate) fn no_peer() -> IdentityError {
-    IdentityError::new(NO_PEER).with_status(StatusCode::INTERNAL_SERVER_ERROR)
+    IdentityError::new("the server could not tell the client's address")
+        .with_status(StatusCode::INTERNAL_SERVER_ERROR)
+        .with_hint(NO_PEER)
 }
 
-/// (One text whatever the features: the server's kind is unknown here.)
+/// (The operator's hint, logged, not sent: one text whatever the features,
+/// as the server's kind is unknown here.)
 const NO_PEER: &str = "the server did not record the peer address: under axum, serve with \
      ConnectInfo (into_make_service_with_connect_info::<SocketAddr>(), tower-ratelimit's \
      `axum` feature); under tonic over TCP without TLS, enable tower-ratelimit's `tonic` \
@@ -592,8 +640,10 @@ impl Identify for ClientIp {
 
 /// The value of one request header (for example `x-api-key`), in group
 /// `"default"`. A request without the header, or with an empty value (or
-/// one of spaces), is answered `401`; of a header sent more than once, the
-/// first value counts.
+/// one of spaces), is answered `401`, with the `WWW-Authenticate`
+/// challenge given to [`challenge`](Self::challenge) (RFC 9110 asks a
+/// `401` for one); of a header sent more than once, the first value
+/// counts.
 ///
 /// The value is taken as it is: **use it only for a header your service
 /// has already verified** (a gateway that authenticated the key, or a
@@ -607,18 +657,33 @@ impl Identify for ClientIp {
 /// ```
 /// use tower_ratelimit::identity::HeaderKey;
 ///
-/// // Behind a gateway that lets only valid keys through.
-/// let identity = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
+/// // Behind a gateway that lets only valid keys through; a request
+/// // without a key is told how to authenticate.
+/// let identity = HeaderKey::new(http::HeaderName::from_static("x-api-key"))
+///     .challenge(http::HeaderValue::from_static(r#"ApiKey header="x-api-key""#));
 /// ```
 #[derive(Clone, Debug)]
 pub struct HeaderKey {
     name: HeaderName,
+    challenge: Option<http::HeaderValue>,
 }
 
 impl HeaderKey {
     /// Identifies users by the header `name`.
     pub fn new(name: HeaderName) -> Self {
-        Self { name }
+        Self {
+            name,
+            challenge: None,
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of the `401` a request without the
+    /// header gets (see [`IdentityError::with_challenge`]); none unless
+    /// given.
+    #[must_use]
+    pub fn challenge(mut self, challenge: http::HeaderValue) -> Self {
+        self.challenge = Some(challenge);
+        self
     }
 
     fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
@@ -626,10 +691,13 @@ impl HeaderKey {
             Some(value) if !value.as_bytes().trim_ascii().is_empty() => {
                 Ok(Identity::from_slice(value.as_bytes()))
             }
-            _ => Err(IdentityError::new(format!(
-                "missing or empty `{}` header",
-                self.name
-            ))),
+            _ => {
+                let error = IdentityError::new(format!("missing or empty `{}` header", self.name));
+                Err(match &self.challenge {
+                    Some(challenge) => error.with_challenge(challenge.clone()),
+                    None => error,
+                })
+            }
         }
     }
 }
