@@ -157,7 +157,8 @@ impl ConfigError {
         self.at.rule.as_ref().map(|(i, g)| (*i, g.as_str()))
     }
 
-    /// The offending field (`second`, `windows[1]`, `method`, ...).
+    /// The offending field (`second`, `windows[1]`, `method`, ...), also
+    /// when the parser refused it (unknown, or of the wrong type).
     pub fn field(&self) -> Option<&str> {
         self.at.field.as_deref()
     }
@@ -238,7 +239,11 @@ fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
     if let Some((i, pattern)) = &at.route {
         // (A long pattern is cut, so that what is wrong with it stays on
         // the line: see `LONGEST_LINE`.)
-        parts.push(format!("route #{i} {}", quoted(pattern)));
+        // (No pattern: a route without `path`, which the field says.)
+        match pattern.is_empty() {
+            true => parts.push(format!("route #{i}")),
+            false => parts.push(format!("route #{i} {}", quoted(pattern))),
+        }
     }
     if let Some((i, group)) = &at.rule {
         parts.push(format!("rule #{i} (group {})", quoted(group)));

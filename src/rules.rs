@@ -2537,10 +2537,28 @@ fn compile_rule(
     })
 }
 
-/// The route (and rule) a configuration's parse error is in, when the text
-/// is TOML and the error is in one route's fields (an unknown field, a
-/// value of the wrong type): the first route, and its first rule, that do
-/// not read alone. The parse error itself gives the line and column.
+/// The key of `table` that keeps it from reading as `T` (an unknown field,
+/// a value of the wrong type): the first one without which it reads; in a
+/// table under it that does not read alone (`global`), the key there too,
+/// as `global.second`, by `inner`.
+fn offending_key<T: serde::de::DeserializeOwned>(
+    table: &toml::Value,
+    inner: impl Fn(&str, &toml::Value) -> Option<String>,
+) -> Option<String> {
+    let table = table.as_table()?;
+    table.keys().find_map(|key| {
+        let mut without = table.clone();
+        let value = without.remove(key)?;
+        T::deserialize(toml::Value::Table(without)).ok()?;
+        Some(inner(key, &value).unwrap_or_else(|| key.clone()))
+    })
+}
+
+/// The route, rule and field a configuration's parse error is in, when the
+/// text is TOML and the error is in one route's fields (an unknown field,
+/// a value of the wrong type, a missing `path`): the first route, and its
+/// first rule, that do not read alone, and the field without which they
+/// would. The parse error itself gives the line and column.
 fn parse_error_at(text: &str) -> Location {
     let Ok(table) = toml::from_str::<toml::Table>(text) else {
         return Location::default();
@@ -2574,12 +2592,20 @@ fn parse_error_at(text: &str) -> Location {
         })
         .map(|(j, rule)| {
             let group = text_of(rule, "group").unwrap_or_else(|| DEFAULT_GROUP.to_owned());
-            (j, group)
+            (j, group, offending_key::<RawRule>(rule, |_, _| None))
         });
+    let field = match &rule {
+        Some((_, _, field)) => field.clone(),
+        None if route.get("path").is_none() => Some("path".to_owned()),
+        None => offending_key::<RawRoute>(route, |key, value| {
+            let inner = offending_key::<RawWindows>(value, |_, _| None)?;
+            Some(format!("{key}.{inner}"))
+        }),
+    };
     Location {
         route: Some((i, text_of(route, "path").unwrap_or_default())),
-        rule,
-        field: None,
+        rule: rule.map(|(j, group, _)| (j, group)),
+        field,
     }
 }
 

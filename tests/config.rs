@@ -113,6 +113,52 @@ fn unknown_fields_are_rejected_and_named() {
     assert_eq!(err.route(), Some((0, "7")));
 }
 
+/// A field the parser refuses (unknown, or of the wrong type) is named by
+/// `field()` too, as one a range check refuses is: the rule's, the
+/// route's, or one in the route-wide limit; a route without `path` says
+/// so, not an empty pattern.
+#[test]
+fn parse_errors_name_the_field() {
+    let route = |fields: &str| format!("[[routes]]\npath = \"^/a\"\n{fields}\n");
+    for (fields, field) in [
+        ("rules = [{ secnd = 1 }]", "secnd"),
+        ("rules = [{ second = 1.5 }]", "second"),
+        ("rules = [{ second = \"5\" }]", "second"),
+        (
+            "rules = [{ group = \"g\", minute = 1, methd = \"POST\" }]",
+            "methd",
+        ),
+        ("shadow = \"yes\"\nrules = [{ second = 1 }]", "shadow"),
+        ("limit = 3", "limit"),
+        (
+            "global = { second = 2, cost = 1 }\nrules = [{ minute = 10 }]",
+            "global.cost",
+        ),
+        (
+            "global = { second = \"2\" }\nrules = [{ minute = 10 }]",
+            "global.second",
+        ),
+    ] {
+        let err = error(&route(fields));
+        assert!(
+            matches!(err.kind(), ConfigErrorKind::Parse(_)),
+            "{fields}: {err}"
+        );
+        assert_eq!(err.field(), Some(field), "{fields}: {err}");
+        assert!(
+            err.to_string().contains(&format!("field `{field}`")),
+            "{err}"
+        );
+    }
+    let err = error("[[routes]]\nrules = [{ second = 1 }]\n");
+    assert_eq!(err.field(), Some("path"), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("route #0, field `path`") && !text.contains("``"),
+        "{text}"
+    );
+}
+
 #[test]
 fn invalid_regex_names_the_route() {
     let err = error(
