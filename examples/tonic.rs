@@ -11,6 +11,9 @@
 //!                                      # Serving, Serving, then ResourceExhausted
 //! # or, with grpcurl:
 //! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check
+//! # Budgets in Redis (replicas on one Redis share them), another address:
+//! cargo run --example tonic -- --listen 127.0.0.1:50052 --redis redis://127.0.0.1:6379
+//! cargo run --example tonic -- client --listen 127.0.0.1:50052
 //! ```
 //!
 //! `tests/grpc.rs` drives this very server with a real tonic client, and
@@ -24,7 +27,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tower_ratelimit::identity::{ClientIp, Identity, IdentityError};
-use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules};
+use tower_ratelimit::store::redis::RedisStore;
+use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules, Store};
 
 /// The user is the `x-api-key` metadata, else the peer IP (tonic records it
 /// as `TcpConnectInfo`, which `ClientIp`, the layer's default identity,
@@ -41,13 +45,22 @@ pub fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityErr
     })
 }
 
-/// Serves the health service, rate-limited, on `listener`.
+/// Serves the health service, rate-limited, on `listener`, with budgets
+/// in memory.
 pub async fn serve(listener: TcpListener) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    serve_with(listener, MemoryStore::new()).await
+}
+
+/// [`serve`], with budgets in `store`.
+pub async fn serve_with<St: Store>(
+    listener: TcpListener,
+    store: St,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let rules = Rules::builder()
         // gRPC paths are /<package>.<Service>/<Method>.
         .route(r"^/grpc\.health\.v1\.Health/", [Rule::new().second(2)])
         .build()?;
-    let layer = RateLimitLayer::new(rules, MemoryStore::new()).identify(identify);
+    let layer = RateLimitLayer::new(rules, store).identify(identify);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -102,11 +115,68 @@ pub async fn call(
     Ok(answers)
 }
 
+/// The command line: `[client] [--listen ADDR] [--redis URL]`.
+struct Args {
+    client: bool,
+    addr: SocketAddr,
+    redis: Option<String>,
+}
+
+const USAGE: &str = "usage: tonic [client] [--listen ADDR (default 127.0.0.1:50051)] [--redis URL (server: budgets in this Redis)]";
+
+#[allow(dead_code)]
+fn args() -> Result<Args, String> {
+    let mut args = Args {
+        client: false,
+        addr: SocketAddr::from(([127, 0, 0, 1], 50051)),
+        redis: None,
+    };
+    let mut given = std::env::args().skip(1);
+    while let Some(arg) = given.next() {
+        match arg.as_str() {
+            "client" => args.client = true,
+            "--listen" => {
+                let addr = given.next().ok_or(USAGE)?;
+                args.addr = addr
+                    .parse()
+                    .map_err(|e| format!("--listen {addr:?}: {e} (an IP and port)"))?;
+            }
+            "--redis" => args.redis = Some(given.next().ok_or(USAGE)?),
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
 #[allow(dead_code)]
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], 50051));
-    if std::env::args().nth(1).as_deref() == Some("client") {
+async fn main() -> std::process::ExitCode {
+    // (The store's warnings, such as a Redis not reachable yet, on stderr.)
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,redis=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[allow(dead_code)]
+async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let Args {
+        client,
+        addr,
+        redis,
+    } = args()?;
+    if client {
         let answers = call(addr, 3).await.map_err(|e| {
             // (With the causes: tonic's own error says "transport
             // error" alone.)
@@ -127,6 +197,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     println!("gRPC health service on {}", listener.local_addr()?);
-    serve(listener).await?;
+    match redis {
+        Some(url) => {
+            let store = RedisStore::builder()
+                .url(url.as_str())
+                .build()
+                .await
+                .map_err(|e| format!("--redis {url}: {e}"))?;
+            serve_with(listener, store).await?;
+        }
+        None => serve(listener).await?,
+    }
     Ok(())
 }

@@ -3,6 +3,7 @@
 #[path = "../examples/tonic.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod example;
+mod support;
 
 use tonic::Code;
 use tonic_health::pb::health_client::HealthClient;
@@ -166,6 +167,36 @@ async fn the_examples_client_sees_the_third_call_refused() {
     server.abort();
     assert_eq!(answers[..2], ["Serving", "Serving"], "{answers:?}");
     // (2 a second: the third waits for the first to leave the window.)
+    assert!(
+        answers[2].starts_with("ResourceExhausted: ") && answers[2].ends_with("(retry-after: 1)"),
+        "{answers:?}"
+    );
+}
+
+/// The example with its budgets in Redis (`--redis`): two servers on one
+/// Redis, as two replicas, share the client's budget: its third call,
+/// sent to the other server, is refused.
+#[tokio::test]
+async fn two_of_the_examples_servers_on_one_redis_share_a_budget() {
+    let redis = support::redis_server::RedisServer::start();
+    let mut addrs = Vec::new();
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap());
+        let store = tower_ratelimit::store::redis::RedisStore::builder()
+            .url(redis.url())
+            .build()
+            .await
+            .unwrap();
+        servers.push(tokio::spawn(example::serve_with(listener, store)));
+    }
+    let mut answers = example::call(addrs[0], 2).await.unwrap();
+    answers.extend(example::call(addrs[1], 1).await.unwrap());
+    for server in servers {
+        server.abort();
+    }
+    assert_eq!(answers[..2], ["Serving", "Serving"], "{answers:?}");
     assert!(
         answers[2].starts_with("ResourceExhausted: ") && answers[2].ends_with("(retry-after: 1)"),
         "{answers:?}"
