@@ -321,6 +321,93 @@ async fn works_on_a_plain_tower_service() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// Over an inner service whose readiness is a resource (tower's
+/// `ConcurrencyLimit` of 1: `poll_ready` takes the permit, `call` spends
+/// it, and a call without one panics), the layer calls only the service
+/// it polled ready, and a request it denies, or one given up on while its
+/// identity is awaited, leaves no permit held: every later request is
+/// served. With the identity at once (the memory store decides before
+/// `call` returns) and awaited (the request held).
+#[tokio::test]
+async fn a_concurrency_limited_inner_service_keeps_its_permits() {
+    use std::time::Duration;
+    use tower::{Layer, Service};
+    async fn send<S, B>(service: &mut S, user: &str) -> StatusCode
+    where
+        S: tower::Service<Request<String>, Response = Response<B>>,
+        S::Error: std::fmt::Debug,
+    {
+        let request = Request::builder()
+            .uri("/a")
+            .header("x-user", user)
+            .body(String::new())
+            .unwrap();
+        let served = async { service.ready().await.unwrap().call(request).await.unwrap() };
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("a permit was left held")
+            .status()
+    }
+    let user = |head: &http::request::Parts| {
+        let user = head.headers.get("x-user").map(|v| v.as_bytes().to_vec());
+        user.map(tower_ratelimit::identity::Identity::new)
+            .ok_or_else(|| tower_ratelimit::identity::IdentityError::new("no user"))
+    };
+    for awaited in [false, true] {
+        let inner = tower::ServiceBuilder::new()
+            .concurrency_limit(1)
+            .service_fn(|_req: Request<String>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(Body::from("ok")))
+            });
+        // (A minute: the requests of a user fall in one window however
+        // slow the machine.)
+        let minute = Rules::builder()
+            .route("^/a", [Rule::new().minute(1)])
+            .build()
+            .unwrap();
+        let layer = RateLimitLayer::new(minute, MemoryStore::new());
+        let mut service = match awaited {
+            false => tower::util::BoxCloneService::new(
+                layer
+                    .identify(tower_ratelimit::identity::immediate(user))
+                    .layer(inner),
+            ),
+            true => tower::util::BoxCloneService::new(
+                layer
+                    .identify(move |head: &http::request::Parts| ready(user(head)))
+                    .layer(inner),
+            ),
+        };
+        let mut statuses = Vec::new();
+        for name in ["u", "u", "u", "v", "v", "w"] {
+            statuses.push(send(&mut service, name).await);
+        }
+        use StatusCode as S;
+        let expected = [
+            S::OK,
+            S::TOO_MANY_REQUESTS,
+            S::TOO_MANY_REQUESTS,
+            S::OK,
+            S::TOO_MANY_REQUESTS,
+            S::OK,
+        ];
+        assert_eq!(statuses, expected, "awaited: {awaited}");
+        // A call given up on before its answer (its future dropped, as a
+        // client that went away), then another user's: served.
+        let request = Request::builder()
+            .uri("/a")
+            .header("x-user", "x")
+            .body(String::new())
+            .unwrap();
+        drop(service.ready().await.unwrap().call(request));
+        assert_eq!(
+            send(&mut service, "y").await,
+            StatusCode::OK,
+            "awaited: {awaited}"
+        );
+    }
+}
+
 /// tower-http's `Cors` and `Timeout` layers, whose own answers need an
 /// empty body of the inner one's type, stack outside the layer: the 429
 /// gets the CORS headers, and a slow allowed request the timeout's 408.
