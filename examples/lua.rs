@@ -9,9 +9,11 @@
 //! cargo run --example lua -- token-bucket 3 --batched  # checks sent together
 //! ```
 //!
-//! Checks with 1 to 5 windows, no route-wide windows and no block time run
-//! a straight-line script made for their algorithm and window count; every
-//! other check runs its algorithm's general script.
+//! Checks with 1 to 5 windows, no route-wide windows and no block time (a
+//! sliding log's may have one) run a straight-line script made for their
+//! algorithm and window count; every other check runs its algorithm's
+//! general script. Checks sent together (`--batched`): any algorithm, 1 to
+//! 5 windows.
 
 use tower_ratelimit::store::redis::{batched_lua, general_lua, straight_lua};
 use tower_ratelimit::Algorithm;
@@ -45,7 +47,7 @@ fn main() -> std::process::ExitCode {
         None
     } else if batched {
         let Some(script) = batched_lua(algorithm, windows) else {
-            eprintln!("checks are sent together for the counter algorithms, 1 to 5 windows");
+            eprintln!("checks are sent together for 1 to 5 windows, any algorithm");
             return std::process::ExitCode::FAILURE;
         };
         Some(script)

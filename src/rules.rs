@@ -67,7 +67,7 @@ pub const MAX_LOG_LIMIT: u32 = 1_000_000;
 /// penalty adds to it: each unit is an entry the store writes, so a single
 /// request of a cost a client chose (a size header) could otherwise make
 /// Redis write megabytes in one script call and stall everyone else's
-/// (about 0.2 µs of Redis per entry: this many take about 0.2 ms). A
+/// (about 0.2–0.3 µs of Redis per entry: this many take about 0.2–0.3 ms). A
 /// costlier request is answered as one that costs more than its limit (a
 /// 429 without `Retry-After`, nothing written); budgets of bytes want the
 /// sliding window or the token bucket, whose work does not grow with the

@@ -77,7 +77,7 @@
 //!   the pool when it breaks. Checking one out per check would add the
 //!   pool's health check (`UNWATCH` + `PING`, one more round trip) to
 //!   every check: measured under 50 concurrent checks, that shape serves
-//!   0.42× the checks per second (`cargo bench --bench redis_load`).
+//!   0.22–0.26× the checks per second (`cargo bench --bench redis_load`).
 //!
 //! # Deadline and failures
 //!
