@@ -142,9 +142,17 @@ fn args() -> Result<Args, String> {
                     .map_err(|e| format!("--listen {addr:?}: {e} (an IP and port)"))?;
             }
             "--redis" => args.redis = Some(given.next().ok_or(USAGE)?),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
+    }
+    if args.client && args.redis.is_some() {
+        return Err(format!(
+            "--redis is the server's (the client calls it)\n{USAGE}"
+        ));
     }
     Ok(args)
 }

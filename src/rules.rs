@@ -2546,6 +2546,11 @@ fn offending_key<T: serde::de::DeserializeOwned>(
     inner: impl Fn(&str, &toml::Value) -> Option<String>,
 ) -> Option<String> {
     let table = table.as_table()?;
+    // (Each try copies the table: a table of many keys, all unknown, would
+    // cost their square. No rule or route has this many fields.)
+    if table.len() > 64 {
+        return None;
+    }
     table.keys().find_map(|key| {
         let mut without = table.clone();
         let value = without.remove(key)?;
@@ -2596,7 +2601,7 @@ fn parse_error_at(text: &str) -> Location {
         });
     let field = match &rule {
         Some((_, _, field)) => field.clone(),
-        None if route.get("path").is_none() => Some("path".to_owned()),
+        None if !route.get("path").is_some_and(toml::Value::is_str) => Some("path".to_owned()),
         None => offending_key::<RawRoute>(route, |key, value| {
             let inner = offending_key::<RawWindows>(value, |_, _| None)?;
             Some(format!("{key}.{inner}"))

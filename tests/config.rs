@@ -150,6 +150,8 @@ fn parse_errors_name_the_field() {
             "{err}"
         );
     }
+    let err = error("[[routes]]\npath = 5\nrules = [{ second = 1 }]\n");
+    assert_eq!(err.field(), Some("path"), "{err}");
     let err = error("[[routes]]\nrules = [{ second = 1 }]\n");
     assert_eq!(err.field(), Some("path"), "{err}");
     let text = err.to_string();

@@ -181,7 +181,7 @@ pub use deadpool_redis;
 use std::future::Future;
 use std::io::Write as _;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -762,21 +762,44 @@ fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
 /// fail mode.
 struct ServerClock {
     origin: Instant,
-    /// Server microseconds minus microseconds since `origin`; valid once
-    /// `read_at` is not 0.
-    offset: AtomicI64,
-    /// Milliseconds since `origin` (plus one) of the last reading; 0: none,
+    /// The reading the deadlines ride on, swapped whole (a deadline never
+    /// pairs one reading's offset with another's error); `None`: none yet,
     /// or asked to read again.
-    read_at: AtomicU64,
-    /// The last reading's error, in microseconds: half its round trip.
-    error: AtomicU64,
+    reading: ArcSwapOption<Reading>,
     /// Bumped by [`doubt`](Self::doubt): a reading sent before is not
     /// kept (another node's clock, when a Cluster master's number went to
     /// another).
     generation: AtomicU64,
-    /// Whether the reading kept is a rough one (see
-    /// [`read_by`](Self::read_by)): read again at the next chance.
-    rough: AtomicBool,
+}
+
+/// One reading of the server's clock (see [`ServerClock::read_by`]).
+#[derive(Debug)]
+struct Reading {
+    /// Server microseconds minus microseconds since the clock's origin.
+    offset: i64,
+    /// Its error, in microseconds: half its round trip.
+    error: u64,
+    /// When it was taken, in milliseconds since the clock's origin.
+    at_ms: u64,
+    /// Whether its round trip took over [`TRUSTED_READING`]: read again at
+    /// the next chance.
+    rough: bool,
+}
+
+impl Reading {
+    /// Whether this reading, taken at `now_ms`, replaces `kept`: a trusted
+    /// one always (the latest has the least drift), a rough one only a
+    /// rough one whose error is by now as large or larger.
+    fn replaces(&self, kept: &Reading, now_ms: u64) -> bool {
+        !self.rough || (kept.rough && self.error <= kept.error_at(now_ms))
+    }
+
+    /// Its error at `now_ms`: its own, and the clocks' drift since (see
+    /// [`CLOCK_DRIFT`]), in microseconds.
+    fn error_at(&self, now_ms: u64) -> u64 {
+        let since_us = now_ms.saturating_sub(self.at_ms).saturating_mul(1_000);
+        self.error.saturating_add(since_us / CLOCK_DRIFT)
+    }
 }
 
 /// What a deadline on the server's clock allows beyond the check's own,
@@ -816,11 +839,8 @@ impl ServerClock {
     fn new() -> Self {
         Self {
             origin: Instant::now(),
-            offset: AtomicI64::new(0),
-            read_at: AtomicU64::new(0),
-            error: AtomicU64::new(0),
+            reading: ArcSwapOption::empty(),
             generation: AtomicU64::new(0),
-            rough: AtomicBool::new(false),
         }
     }
 
@@ -830,16 +850,23 @@ impl ServerClock {
         )
     }
 
+    fn millis(&self, at: Instant) -> u64 {
+        u64::try_from(at.duration_since(self.origin).as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Reads the server's clock on `conn` (see [`read_by`](Self::read_by)).
     async fn read<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
         self.read_by(redis::cmd("TIME").query_async(conn)).await
     }
 
-    /// Reads the server's `TIME` (seconds, microseconds) asked by `time`.
+    /// Reads the server's `TIME` (seconds, microseconds) asked by `time`,
+    /// a future not started yet (the command is sent when it is first
+    /// polled: the server read its clock between then and its reply).
     /// A reading whose round trip took over [`TRUSTED_READING`] is rough:
-    /// kept only while no other is known (its error, half the round trip,
-    /// widens the deadlines, which still refuse a check run after a stall
-    /// longer than that), and the clock is read again at the next chance.
+    /// kept only while no other is known, or in place of a rough one
+    /// whose error is now larger (its error, half the round trip, widens
+    /// the deadlines, which still refuse a check run after a stall longer
+    /// than that), and the clock is read again at the next chance.
     async fn read_by(
         &self,
         time: impl Future<Output = RedisResult<(i64, i64)>>,
@@ -849,23 +876,27 @@ impl ServerClock {
         let (secs, micros) = time.await?;
         let received = Instant::now();
         let round_trip = received.duration_since(sent);
-        let trusted = round_trip <= TRUSTED_READING;
-        let unknown =
-            self.read_at.load(Ordering::Acquire) == 0 || self.rough.load(Ordering::Relaxed);
-        if (trusted || unknown) && self.generation.load(Ordering::Acquire) == generation {
-            let local = (self.micros(sent) + self.micros(received)) / 2;
-            let server = secs.saturating_mul(1_000_000).saturating_add(micros);
-            self.offset.store(server - local, Ordering::Relaxed);
-            let error = crate::clock::duration_micros(round_trip / 2);
-            self.error.store(error, Ordering::Relaxed);
-            self.rough.store(!trusted, Ordering::Relaxed);
-            let ms =
-                u64::try_from(received.duration_since(self.origin).as_millis()).unwrap_or(u64::MAX);
-            self.read_at.store(ms.saturating_add(1), Ordering::Release);
+        let local = (self.micros(sent) + self.micros(received)) / 2;
+        let server = secs.saturating_mul(1_000_000).saturating_add(micros);
+        let now_ms = self.millis(received);
+        let new = Arc::new(Reading {
+            offset: server.saturating_sub(local),
+            error: crate::clock::duration_micros(round_trip / 2),
+            at_ms: now_ms,
+            rough: round_trip > TRUSTED_READING,
+        });
+        self.reading.rcu(|current| {
             // (A doubt that came meanwhile wins.)
             if self.generation.load(Ordering::Acquire) != generation {
-                self.read_at.store(0, Ordering::Release);
+                return current.clone();
             }
+            match current {
+                Some(kept) if !new.replaces(kept, now_ms) => current.clone(),
+                _ => Some(Arc::clone(&new)),
+            }
+        });
+        if self.generation.load(Ordering::Acquire) != generation {
+            self.reading.store(None);
         }
         Ok(())
     }
@@ -873,11 +904,14 @@ impl ServerClock {
     /// Whether the clock should be read (never read, asked to, read
     /// roughly, or read [`CLOCK_READ_EVERY`] ago).
     fn stale(&self) -> bool {
-        let at = self.read_at.load(Ordering::Acquire);
-        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        at == 0
-            || self.rough.load(Ordering::Relaxed)
-            || now.saturating_sub(at) >= CLOCK_READ_EVERY.as_millis() as u64
+        let now_ms = self.millis(Instant::now());
+        match &*self.reading.load() {
+            None => true,
+            Some(reading) => {
+                reading.rough
+                    || now_ms.saturating_sub(reading.at_ms) >= CLOCK_READ_EVERY.as_millis() as u64
+            }
+        }
     }
 
     /// A check's deadline on the server's clock, in microseconds, for a
@@ -886,20 +920,13 @@ impl ServerClock {
     /// 2,048 µs, so that the checks of one batch mostly share it and their
     /// numbers); `None` while the clock is unknown.
     fn deadline(&self, asked: Instant, timeout: Duration) -> Option<i64> {
-        let read_at = self.read_at.load(Ordering::Acquire);
-        if read_at == 0 {
-            return None;
-        }
-        let offset = self.offset.load(Ordering::Relaxed);
+        let guard = self.reading.load();
+        let reading = guard.as_ref()?;
         let now = self.micros(asked);
-        let since = u64::try_from(now)
-            .unwrap_or(0)
-            .saturating_sub(read_at.saturating_mul(1_000));
         let after = crate::clock::duration_micros(timeout + CLOCK_MARGIN)
-            .saturating_add(self.error.load(Ordering::Relaxed))
-            .saturating_add(since / CLOCK_DRIFT);
+            .saturating_add(reading.error_at(self.millis(asked)));
         let at = now
-            .saturating_add(offset)
+            .saturating_add(reading.offset)
             .saturating_add(saturating_i64(after));
         Some((at | 0x7ff).saturating_add(1))
     }
@@ -908,7 +935,7 @@ impl ServerClock {
     /// process still waited for it: the offset is off).
     fn doubt(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
-        self.read_at.store(0, Ordering::Release);
+        self.reading.store(None);
     }
 }
 
@@ -2043,11 +2070,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 // (The first checks carry deadlines too, when the masters
                 // answer in time; a slower one's reading goes on behind.)
                 lazy.read_slot_map(shape.ping_timeout).await;
-                match lazy.read_clocks_behind(shape.ping_timeout) {
-                    Some(round) => {
-                        let _ = tokio::time::timeout(shape.ping_timeout, round).await;
-                    }
-                    None => lazy.read_master_clocks(shape.ping_timeout).await,
+                if let Some(round) = lazy.read_clocks_behind(shape.ping_timeout) {
+                    let _ = tokio::time::timeout(shape.ping_timeout, round).await;
                 }
             }
             Err(error) if misconfigured(&error) => {
@@ -2152,19 +2176,33 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// bounded by `timeout` or [`CLOCK_PATIENCE`] (the longer), in a task
     /// of its own (a master slow to answer delays neither the upkeep's
     /// other work nor the store's start), one round at a time; `None` when
-    /// one runs already (or on one server, or outside a Tokio runtime).
+    /// no clock is due, or one runs already (or on one server, or outside
+    /// a Tokio runtime). (The round holds the store's connection until it
+    /// ends, at most that long after the store is dropped.)
     fn read_clocks_behind(
         self: &Arc<Self>,
         timeout: Duration,
     ) -> Option<tokio::task::JoinHandle<()>> {
+        /// Lets the next round start when this one ends, however it ends.
+        struct Round<C>(Arc<Lazy<C>>);
+        impl<C> Drop for Round<C> {
+            fn drop(&mut self) {
+                self.0.reading_clocks.store(false, Ordering::Release);
+            }
+        }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        if self.masters().is_none() || self.reading_clocks.swap(true, Ordering::AcqRel) {
+        if self.masters()?.clocks_due().is_empty()
+            || self.reading_clocks.swap(true, Ordering::AcqRel)
+        {
             return None;
         }
-        let reader = Arc::clone(self);
+        let round = Round(Arc::clone(self));
         Some(runtime.spawn(async move {
-            reader.read_master_clocks(timeout.max(CLOCK_PATIENCE)).await;
-            reader.reading_clocks.store(false, Ordering::Release);
+            round
+                .0
+                .read_master_clocks(timeout.max(CLOCK_PATIENCE))
+                .await;
+            drop(round);
         }))
     }
 
@@ -5365,7 +5403,13 @@ mod tests {
             .unwrap();
         let clock = &store.inner.clock;
         assert!(clock.deadline(Instant::now(), Duration::ZERO).is_some());
-        clock.offset.fetch_sub(2_000_000, Ordering::Relaxed);
+        // (The reading, two seconds behind the server.)
+        let read = clock.reading.load_full().unwrap();
+        let behind = Arc::new(Reading {
+            offset: read.offset - 2_000_000,
+            ..*read
+        });
+        clock.reading.store(Some(Arc::clone(&behind)));
         let windows = [Window::new(Duration::from_secs(60), 10).unwrap()];
         let remaining = |d: &Decision| d.windows().first().map(|w| w.remaining);
         for (nth, left) in [(1, 9), (2, 8)] {
@@ -5376,7 +5420,7 @@ mod tests {
             // (Refused, then decided: the reading is doubted until the
             // store reads the clock again.)
             assert_eq!(clock.deadline(Instant::now(), Duration::ZERO), None);
-            clock.read_at.store(1, Ordering::Release);
+            clock.reading.store(Some(Arc::clone(&behind)));
         }
     }
 
@@ -5387,34 +5431,67 @@ mod tests {
     #[tokio::test]
     async fn a_slow_reading_of_the_clock_is_kept_only_while_none_other_is() {
         // (Slow on the real clock, which the readings' round trips are
-        // taken on.)
+        // taken on; the bounds below come from instants taken around each
+        // reading, so a slow machine only widens them.)
         let slow = |secs: i64| async move {
             tokio::time::sleep(Duration::from_millis(150)).await;
             Ok((secs, 0))
         };
         let clock = ServerClock::new();
-        let deadline = |c: &ServerClock| c.deadline(Instant::now(), Duration::from_millis(50));
-        assert_eq!(deadline(&clock), None);
+        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap();
+        assert_eq!(
+            clock.deadline(Instant::now(), Duration::from_millis(50)),
+            None
+        );
+        let before = Instant::now();
         clock.read_by(slow(1_000)).await.unwrap();
-        // (1,000 s, 50 ms on, 5 ms of margin, and at least 75 ms of error:
-        // half the round trip.)
-        let rough = deadline(&clock).unwrap();
-        assert!((1_000_130_000..1_002_000_000).contains(&rough), "{rough}");
+        let after = Instant::now();
+        // 1,000 s, and since the reading (at least half its round trip),
+        // 50 ms on, 5 ms of margin, its error (at least 75 ms: half the
+        // round trip), and up to 2 ms of rounding.
+        let rough = clock.deadline(after, Duration::from_millis(50)).unwrap();
+        let most = 1_000_057_000 + us(after - before) * 3 / 2 + 1_000;
+        assert!((1_000_205_000..=most).contains(&rough), "{rough} {most}");
         assert!(clock.stale());
         // A trusted reading replaces it, and is not due again at once.
+        let before = Instant::now();
         clock.read_by(async { Ok((2_000, 0)) }).await.unwrap();
-        let trusted = deadline(&clock).unwrap();
+        let after = Instant::now();
+        let trusted = clock.deadline(after, Duration::from_millis(50)).unwrap();
+        let most = 2_000_057_000 + us(after - before) * 3 / 2 + 1_000;
         assert!(
-            (2_000_055_000..2_000_070_000).contains(&trusted),
-            "{trusted}"
+            (2_000_055_000..=most).contains(&trusted),
+            "{trusted} {most}"
         );
         assert!(!clock.stale());
-        // A slow one then leaves it as it was (read as 2,000 s, 150 ms
-        // before: not 3,000 s).
+        // A slow one then leaves it as it was (read as 2,000 s, 150 ms or
+        // more before: not 3,000 s).
         clock.read_by(slow(3_000)).await.unwrap();
-        let kept = deadline(&clock).unwrap();
-        assert!((2_000_205_000..2_001_000_000).contains(&kept), "{kept}");
+        let later = Instant::now();
+        let kept = clock.deadline(later, Duration::from_millis(50)).unwrap();
+        let most = 2_000_057_000 + us(later - before) * 3 / 2 + 1_000;
+        assert!((2_000_205_000..=most).contains(&kept), "{kept} {most}");
         assert!(!clock.stale());
+    }
+
+    /// Which reading replaces which: a trusted one any; a rough one none
+    /// but a rough one whose error, with the drift since, is as large.
+    #[test]
+    fn a_rough_reading_replaces_only_a_rougher_one() {
+        let reading = |error: u64, rough: bool| Reading {
+            offset: 0,
+            error,
+            at_ms: 1_000,
+            rough,
+        };
+        let (trusted, rough) = (reading(1_000, false), reading(80_000, true));
+        assert!(reading(40_000, false).replaces(&trusted, 1_000));
+        assert!(reading(40_000, false).replaces(&rough, 1_000));
+        assert!(!reading(60_000, true).replaces(&trusted, 1_000));
+        assert!(reading(60_000, true).replaces(&rough, 1_000));
+        assert!(!reading(90_000, true).replaces(&rough, 1_000));
+        // (10 s on, the kept one's error has grown by 10 ms of drift.)
+        assert!(reading(90_000, true).replaces(&rough, 11_000));
     }
 
     #[test]
