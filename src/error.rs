@@ -240,9 +240,10 @@ fn write_location(f: &mut fmt::Formatter<'_>, at: &Location) -> fmt::Result {
         // (A long pattern is cut, so that what is wrong with it stays on
         // the line: see `LONGEST_LINE`.)
         // (No pattern: a route without `path`, which the field says.)
-        match pattern.is_empty() {
-            true => parts.push(format!("route #{i}")),
-            false => parts.push(format!("route #{i} {}", quoted(pattern))),
+        if pattern.is_empty() {
+            parts.push(format!("route #{i}"));
+        } else {
+            parts.push(format!("route #{i} {}", quoted(pattern)));
         }
     }
     if let Some((i, group)) = &at.rule {

@@ -1345,6 +1345,22 @@ async fn killed_redis_fails_open_or_closed_within_the_deadline() {
     }
 }
 
+/// A server of its own, with the one-a-second app on it (see
+/// [`one_a_second_on`]) after a first allowed request, then paused
+/// (`CLIENT PAUSE ms kind`).
+async fn paused_after_one_check(
+    pooled: bool,
+    deadline: Duration,
+    ms: &str,
+    kind: &str,
+) -> (RedisServer, App) {
+    let server = RedisServer::start();
+    let app = one_a_second_on(&server, pooled, deadline).await;
+    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
+    assert_eq!(server.cli(&["client", "pause", ms, kind]), "OK");
+    (server, app)
+}
+
 #[tokio::test]
 async fn paused_redis_cannot_stall_requests() {
     for pooled in [false, true] {
@@ -1355,11 +1371,8 @@ async fn paused_redis_cannot_stall_requests() {
 /// A paused server answers nothing: only the store's deadline ends a
 /// check (a pool's connections have the caller's response timeout).
 async fn paused_redis_cannot_stall(pooled: bool) {
-    let server = RedisServer::start();
     let deadline = Duration::from_millis(50);
-    let app = one_a_second_on(&server, pooled, deadline).await;
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    assert_eq!(server.cli(&["client", "pause", "1500", "all"]), "OK");
+    let (_server, app) = paused_after_one_check(pooled, deadline, "1500", "all").await;
     let started = Instant::now();
     for _ in 0..5 {
         let t = Instant::now();
@@ -1391,11 +1404,8 @@ async fn a_server_holding_writes_is_not_connected_to_again_and_again() {
 /// at once until the pause ends, instead of three of them waiting out
 /// their deadline on every new connection.
 async fn a_server_holding_writes(pooled: bool) {
-    let server = RedisServer::start();
     let deadline = Duration::from_millis(50);
-    let app = one_a_second_on(&server, pooled, deadline).await;
-    assert_eq!(app.get("/a", "u").await.status, StatusCode::OK);
-    assert_eq!(server.cli(&["client", "pause", "3000", "write"]), "OK");
+    let (_server, app) = paused_after_one_check(pooled, deadline, "3000", "write").await;
     let started = Instant::now();
     let (mut waited, mut sent) = (0, 0);
     while started.elapsed() < Duration::from_millis(1200) && sent < 200 {
