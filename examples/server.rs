@@ -33,8 +33,8 @@
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
 //! header (or with an empty one), the user is the client IP, in group
-//! `default`. Keys are kept apart from IPs (a key `203.0.113.7` is not
-//! that client). The demo takes any key as it comes; a real service keys
+//! `default`; a request sending the header twice is answered `400`. Keys
+//! are kept apart from IPs (a key `203.0.113.7` is not that client). The demo takes any key as it comes; a real service keys
 //! users by a key it has verified (else a client escapes its limit with a
 //! new key per request).
 
@@ -50,7 +50,9 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use clap::{Parser, ValueEnum};
 use http::request::Parts;
-use tower_ratelimit::identity::{self, Client, ForwardedIp, Identity, IdentityError};
+use tower_ratelimit::identity::{
+    self, single_header, Client, ForwardedIp, Identity, IdentityError,
+};
 use tower_ratelimit::store::redis::{redacted, RedisStore, RedisStoreBuilder};
 use tower_ratelimit::{
     Adjustment, Config, ConfigErrorKind, FailMode, MemoryStore, RateLimitLayer, ReloadableRules,
@@ -716,8 +718,9 @@ fn identify(
     groups: &BTreeMap<String, String>,
     proxies: &ForwardedIp,
 ) -> Result<Identity, IdentityError> {
-    // (An empty key is no key: the client is known by its address.)
-    if let Some(key) = head.headers.get("x-api-key").filter(|k| !k.is_empty()) {
+    // (An empty key is no key: the client is known by its address. A key
+    // sent twice is refused: which of them did anything check?)
+    if let Some(key) = single_header(&head.headers, "x-api-key")?.filter(|k| !k.is_empty()) {
         // (Compared as bytes: a key of UTF-8 text, `ключ`, matches as a
         // client sends it.)
         let group = std::str::from_utf8(key.as_bytes())

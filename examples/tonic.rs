@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use tower_ratelimit::identity::{ClientIp, Identity, IdentityError};
+use tower_ratelimit::identity::{single_header, ClientIp, Identity, IdentityError};
 use tower_ratelimit::store::redis::RedisStore;
 use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules, Store};
 
@@ -35,14 +35,16 @@ use tower_ratelimit::{MemoryStore, RateLimitLayer, Rule, Rules, Store};
 /// reads with the crate's `tonic` feature). Keys get a prefix no IP has,
 /// so a key that reads as an address is not that client. An empty key is
 /// no key: the client is known by its address (else every client sending
-/// one would share one budget).
+/// one would share one budget); a key sent twice is refused.
 pub fn identify(head: &Parts) -> std::future::Ready<Result<Identity, IdentityError>> {
-    let key = (head.headers.get("x-api-key").map(|v| v.as_bytes())).filter(|k| !k.is_empty());
-    std::future::ready(match (key, ClientIp::peer(head)) {
-        (Some(key), _) => Ok(Identity::new([b"key:".as_slice(), key].concat())),
-        (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),
-        (None, None) => Err(IdentityError::new("no api key and no peer address")),
-    })
+    std::future::ready(single_header(&head.headers, "x-api-key").and_then(|key| {
+        let key = key.map(|v| v.as_bytes()).filter(|k| !k.is_empty());
+        match (key, ClientIp::peer(head)) {
+            (Some(key), _) => Ok(Identity::new([b"key:".as_slice(), key].concat())),
+            (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),
+            (None, None) => Err(IdentityError::new("no api key and no peer address")),
+        }
+    }))
 }
 
 /// Serves the health service, rate-limited, on `listener`, with budgets

@@ -12,7 +12,9 @@
 //! whose pattern matches anywhere in the path, as each pattern alone would.
 //! A path with a percent-encoded byte is matched as it was sent and as
 //! [`decode_path`] decodes it, so `/users/%61dmin` cannot escape a limit on
-//! `/users/admin` (an exclusion then applies only when both match).
+//! `/users/admin` (an exclusion then applies only when both match). A
+//! request target that is no path (`OPTIONS *`, `CONNECT host:443`) is
+//! matched as `/`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -1033,9 +1035,13 @@ impl Rules {
 
     /// The routes whose pattern matches the request; `None` when none does,
     /// or when the path or method is excluded. A path with a `%` is also
-    /// matched decoded (see [`decode_path`]).
+    /// matched decoded (see [`decode_path`]). A request target that is no
+    /// path (`OPTIONS *`, `CONNECT host:443`, which hyper takes with any
+    /// method and axum hands to a fallback) is matched as `/`: a catch-all
+    /// route limits it too.
     #[inline]
     pub(crate) fn candidates(&self, method: &Method, path: &str) -> Option<Candidates> {
+        let path = if path.starts_with('/') { path } else { "/" };
         if path.as_bytes().contains(&b'%') {
             return self.candidates_encoded(method, path);
         }

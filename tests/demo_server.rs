@@ -179,6 +179,14 @@ async fn the_built_in_table_limits_a_client_and_not_an_admin() {
         assert_eq!(admin.status, 200);
         assert!(!admin.has_limit_headers(), "{admin:?}");
     }
+    // The admin key beside another: refused, not taken as the first.
+    let both = [("x-api-key", "admin-key"), ("x-api-key", "other")];
+    let both = get(addr, "/towns", &both).await;
+    assert_eq!(both.status, 400, "{both:?}");
+    assert!(
+        both.body.contains("more than one `x-api-key` header"),
+        "{both:?}"
+    );
     // A path no route names is not touched.
     let other = get(addr, "/elsewhere", &[]).await;
     assert_eq!(other.status, 200);

@@ -198,6 +198,45 @@ async fn a_percent_encoded_path_is_limited_as_the_path_it_spells() {
     assert!(limited && std::str::from_utf8(&body).unwrap().contains("429"));
 }
 
+/// A request target that is no path (`*`, a `CONNECT` authority), which
+/// hyper accepts with any method and axum hands to the fallback, is
+/// matched as `/`: a catch-all route limits it as it does every path.
+#[tokio::test]
+async fn a_target_that_is_no_path_is_limited_as_the_root() {
+    let rules = Rules::builder()
+        .route("^/", [Rule::new().minute(2)])
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .fallback(|| async { "fallback" })
+        .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(Global));
+    let target = |method: &str, uri: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let star = target("GET", "*");
+    assert_eq!(star.uri().path(), "*");
+    let authority = target("CONNECT", "example.com:443");
+    assert_eq!(authority.uri().path(), "");
+    let first = router.clone().oneshot(star).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.headers()["x-ratelimit-remaining"], "1");
+    let second = router.clone().oneshot(authority).await.unwrap();
+    assert_eq!(second.headers()["x-ratelimit-remaining"], "0");
+    // The budget they spent is the root's, and every path's.
+    assert_eq!(
+        status(&router, get("/")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&router, target("POST", "*")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[tokio::test]
 async fn client_ip_reads_axum_connect_info() {
     let shared = MemoryStore::new();
@@ -251,6 +290,21 @@ async fn header_identity_and_global_identity() {
     );
     assert_eq!(status(&by_key, with_key("k2")).await.0, StatusCode::OK);
     assert_eq!(status(&by_key, get("/a")).await.0, StatusCode::UNAUTHORIZED);
+    // Sent twice, whichever comes first (k3's budget is fresh, k1's spent):
+    // refused, and neither budget is charged.
+    for pair in [["k3", "k1"], ["k1", "k3"], ["", "k3"]] {
+        let twice = Request::builder()
+            .uri("/a")
+            .header("x-api-key", pair[0])
+            .header("x-api-key", pair[1])
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = status(&by_key, twice).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{pair:?}");
+        let body = std::str::from_utf8(&body).unwrap();
+        assert!(body.contains("more than one `x-api-key` header"), "{body}");
+    }
+    assert_eq!(status(&by_key, with_key("k3")).await.0, StatusCode::OK);
     // An empty value (or one of spaces) names no one, as no header does.
     for empty in ["", " "] {
         let (status, body) = status(&by_key, with_key(empty)).await;

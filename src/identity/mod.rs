@@ -101,8 +101,9 @@ use std::future::{ready, Future, Ready};
 use std::net::SocketAddr;
 
 use arrayvec::ArrayVec;
+use http::header::AsHeaderName;
 use http::request::Parts;
-use http::{HeaderName, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::rules::DEFAULT_GROUP;
 
@@ -642,8 +643,8 @@ impl Identify for ClientIp {
 /// `"default"`. A request without the header, or with an empty value (or
 /// one of spaces), is answered `401`, with the `WWW-Authenticate`
 /// challenge given to [`challenge`](Self::challenge) (RFC 9110 asks a
-/// `401` for one); of a header sent more than once, the first value
-/// counts.
+/// `401` for one); a request that sends the header more than once is
+/// answered `400` (see [`single_header`]).
 ///
 /// The value is taken as it is: **use it only for a header your service
 /// has already verified** (a gateway that authenticated the key, or a
@@ -687,7 +688,7 @@ impl HeaderKey {
     }
 
     fn decide(&self, head: &Parts) -> Result<Identity, IdentityError> {
-        match head.headers.get(&self.name) {
+        match single_header(&head.headers, &self.name)? {
             Some(value) if !value.as_bytes().trim_ascii().is_empty() => {
                 Ok(Identity::from_slice(value.as_bytes()))
             }
@@ -700,6 +701,56 @@ impl HeaderKey {
             }
         }
     }
+}
+
+/// The one value of header `name` in `headers`: `None` without it, and an
+/// [`IdentityError`] answered `400 Bad Request` when the request sends it
+/// more than once.
+///
+/// Give your identity function a header's value through it: of `x-api-key:
+/// alice` then `x-api-key: bob`, a gateway before your service may have
+/// checked either (or both), so taking the first (as
+/// [`HeaderMap::get`] does) could let a client spend another user's budget,
+/// or pick a fresh one, with a value nothing verified. [`HeaderKey`] uses
+/// it.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+/// use tower_ratelimit::identity::single_header;
+///
+/// let mut headers = HeaderMap::new();
+/// assert!(single_header(&headers, "x-api-key").unwrap().is_none());
+/// headers.append("x-api-key", HeaderValue::from_static("alice"));
+/// assert_eq!(single_header(&headers, "x-api-key").unwrap().unwrap(), "alice");
+/// headers.append("x-api-key", HeaderValue::from_static("bob"));
+/// let error = single_header(&headers, "x-api-key").unwrap_err();
+/// assert_eq!(error.status(), StatusCode::BAD_REQUEST);
+/// assert_eq!(error.message(), "more than one `x-api-key` header");
+/// ```
+pub fn single_header<K: AsHeaderName>(
+    headers: &HeaderMap,
+    name: K,
+) -> Result<Option<&HeaderValue>, IdentityError> {
+    let all = headers.get_all(name);
+    let mut values = all.iter();
+    let first = values.next();
+    match (first, values.next()) {
+        (Some(_), Some(_)) => Err(more_than_one(headers, first)),
+        _ => Ok(first),
+    }
+}
+
+/// The error of a header sent more than once, naming it (out of line: the
+/// name is found again from its first value).
+#[cold]
+#[inline(never)]
+fn more_than_one(headers: &HeaderMap, first: Option<&HeaderValue>) -> IdentityError {
+    let name = headers
+        .iter()
+        .find(|(_, value)| first.is_some_and(|f| std::ptr::eq(*value, f)))
+        .map_or("", |(name, _)| name.as_str());
+    IdentityError::new(format!("more than one `{name}` header"))
+        .with_status(StatusCode::BAD_REQUEST)
 }
 
 // (At once, as the other built-ins: the layer decides without holding the
