@@ -933,6 +933,7 @@ pub(crate) struct WarnGate {
     store: Gate,
     adjust: Gate,
     identity: Gate,
+    shadow: Gate,
 }
 
 impl WarnGate {
@@ -961,6 +962,23 @@ impl WarnGate {
     pub(crate) fn adjust_failed(&self, error: &StoreError, now: u64) {
         if let Some(suppressed) = self.adjust.pass(now) {
             tracing::warn!(%error, suppressed, "rate-limit store failed to adjust a budget");
+        }
+    }
+
+    /// A request shadow mode let through: at `info`, at most once a
+    /// second (`suppressed`: those of any route since the last line), so
+    /// that trying limits on real traffic does not flood the logs; every
+    /// one is logged at `debug` (and counted, with `metrics`).
+    pub(crate) fn shadow_denied(&self, route: &str, now: u64) {
+        if !tracing::enabled!(tracing::Level::INFO) {
+            return;
+        }
+        if let Some(suppressed) = self.shadow.pass(now) {
+            tracing::info!(
+                route,
+                suppressed,
+                "shadow mode: request would have been denied"
+            );
         }
     }
 }

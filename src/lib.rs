@@ -69,7 +69,9 @@
 //! limited request (route pattern, outcome, remaining, and `store_us`, the
 //! store's latency in microseconds, when an asynchronous store was asked);
 //! `trace` adds the budget key (which holds the encoded user: never at
-//! `info`); `info` when shadow mode lets through a request it would deny, when a
+//! `info`); `info` when shadow mode lets through a request it would deny
+//! (at most once a second, with the count of those held back since:
+//! `debug` has every one), when a
 //! failing store answers again (leaving the fallback store), and when the
 //! Redis store reconnects or follows a new Sentinel master; `warn`, at
 //! most once a second, when the store fails a check or an adjustment, and

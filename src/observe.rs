@@ -93,17 +93,14 @@ pub(crate) fn outcome(
         };
         metrics::with_recorder(|r| r.register_counter(key, &keys::METADATA).increment(1));
     }
-    // (One look at the most verbose level any subscriber wants: below the
-    // outcome's own level (`info` for a shadow-mode denial, `debug` for
-    // the others), as without a subscriber or under the usual `info` one,
-    // none of its events can be on, and the request's path stays short.)
+    // (One look at the most verbose level any subscriber wants: below
+    // `debug`, as without a subscriber or under the usual `info` one, none
+    // of its events can be on, and the request's path stays short. A
+    // shadow-mode denial's `info` line is the layer's, at most once a
+    // second.)
     use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
     use tracing::Level;
-    let level = match outcome {
-        Outcome::ShadowDenied => Level::INFO,
-        _ => Level::DEBUG,
-    };
-    if level <= STATIC_MAX_LEVEL && level <= LevelFilter::current() {
+    if Level::DEBUG <= STATIC_MAX_LEVEL && Level::DEBUG <= LevelFilter::current() {
         let (remaining, latency) = details();
         log_outcome(route, budget, outcome, remaining, latency);
     }
@@ -134,9 +131,6 @@ fn log_outcome(
     remaining: Option<u32>,
     latency: Option<Duration>,
 ) {
-    if outcome == Outcome::ShadowDenied {
-        tracing::info!(route, "shadow mode: request would have been denied");
-    }
     let store_us = latency.map(|l| u64::try_from(l.as_micros()).unwrap_or(u64::MAX));
     tracing::debug!(
         route,

@@ -783,6 +783,9 @@ impl<St: Store, I> Shared<St, I> {
             observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
                 (remaining(&decision), checked.latency())
             });
+            self.state
+                .warnings
+                .shadow_denied(&policy.route, self.real_now());
             return Verdict::Pass(Some(headers.without_retry()));
         }
         let outcome = match via {

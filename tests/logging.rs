@@ -87,6 +87,33 @@ fn decisions_are_logged_at_debug_and_shadow_denials_at_info() {
     assert_eq!(logged(tracing::Level::WARN, true), "");
 }
 
+/// Shadow mode on real traffic does not flood the logs: one `info` line a
+/// second (the first of many here), every would-be denial at `debug`.
+#[test]
+fn shadow_denials_are_said_at_info_once_a_second() {
+    let shadowed = |level| {
+        let work = async {
+            let app = App::with(one(Rule::new().minute(1)), MemoryStore::new(), |l| {
+                l.shadow(true)
+            });
+            for _ in 0..20 {
+                assert_eq!(app.get("/a", "u").await.status, http::StatusCode::OK);
+            }
+        };
+        capture(level, work).1
+    };
+    let line = "shadow mode: request would have been denied";
+    let info = shadowed(tracing::Level::INFO);
+    assert_eq!(info.matches(line).count(), 1, "{info}");
+    assert!(info.contains("suppressed=0"), "{info}");
+    let debug = shadowed(tracing::Level::DEBUG);
+    assert_eq!(
+        debug.matches("outcome=\"shadow_denied\"").count(),
+        19,
+        "{debug}"
+    );
+}
+
 /// A store that always fails.
 #[derive(Clone)]
 struct Down;
