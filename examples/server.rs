@@ -28,7 +28,12 @@
 //!
 //! Logs, including what the server says at start-up (the built-in table,
 //! the store, the address) and on each reload, go to stderr; `RUST_LOG`
-//! sets their filter.
+//! sets their filter (unset or empty: `info`).
+//!
+//! `SIGTERM` or `SIGINT` stop the server: it takes no new connection,
+//! answers the requests in flight (for `DRAIN`, 10 s, at most) and exits
+//! 0. `SIGHUP` reloads `--config`, and is caught before anything else, so
+//! one that comes while a large table loads never ends the process.
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
 //! config's `[groups]` table gives that key (else `default`); without the
@@ -238,7 +243,9 @@ async fn main() -> std::process::ExitCode {
     // every reconnect attempt while a Cluster is down, where the store
     // warns once, then at most once a second (RUST_LOG overrides).
     // (A RUST_LOG that is no filter is said, not ignored without a word.)
+    // (An empty one, as a chart that sets every variable gives, is none.)
     let (filter, unread) = match std::env::var("RUST_LOG") {
+        Ok(value) if value.trim().is_empty() => ("info,redis=error".into(), None),
         Ok(value) => match tracing_subscriber::EnvFilter::try_new(&value) {
             Ok(filter) => (filter, None),
             Err(error) => ("info,redis=error".into(), Some((value, error))),
@@ -253,12 +260,15 @@ async fn main() -> std::process::ExitCode {
     if let Some((value, error)) = unread {
         tracing::warn!("RUST_LOG `{value}` is not a log filter ({error}); logging at info");
     }
-    let result = match start(Args::parse()).await {
+    let result = match start_until(Args::parse(), stop_signal()).await {
         Ok((_, server)) => server.await.map_err(Into::into),
         Err(error) => Err(error),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => {
+            tracing::info!("stopped");
+            std::process::ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("error: {error}");
             std::process::ExitCode::FAILURE
@@ -266,13 +276,55 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-/// The running server (it ends only on an I/O error).
+/// The running server (it ends once stopped, or on an I/O error).
 pub type Server = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 
-/// Checks the flags and the rule table, connects the store and binds the
-/// listener: the address it listens on, and the server to run.
-/// (`tests/demo_server.rs` drives this very code.)
+/// How long a stopping server waits for the requests in flight.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
+/// SIGINT (Ctrl-C), or SIGTERM (what systemd and Kubernetes send to stop a
+/// service), said in the log.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+                _ = term.recv() => tracing::info!("SIGTERM"),
+            },
+            Err(e) => {
+                tracing::warn!("cannot catch SIGTERM: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+                tracing::info!("SIGINT");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("Ctrl-C");
+    }
+}
+
+/// [`start_until`] a server that runs until it fails.
 pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::error::Error>> {
+    start_until(args, std::future::pending()).await
+}
+
+/// Checks the flags and the rule table, connects the store and binds the
+/// listener: the address it listens on, and the server to run. Once `stop`
+/// ends, the server takes no new connection, closes idle ones, and ends
+/// when the requests in flight are answered ([`DRAIN`] at most).
+/// (`tests/demo_server.rs` drives this very code.)
+pub async fn start_until(
+    args: Args,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, Server), Box<dyn std::error::Error>> {
+    // (SIGHUP is taken over first: one sent while a large table loads, as
+    // a reload script sends every server, does not end the process; it
+    // reloads once the server runs.)
+    let hangups = catch_hangups();
     // (Checked first: the error names the flag.)
     let proxies = ForwardedIp::new(&args.trusted_proxies).map_err(|e| match e.kind() {
         ConfigErrorKind::InvalidNetwork(net) => {
@@ -315,7 +367,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .await
             .map_err(|e| bad_url("--redis", &redacted(url), e, REDIS_URLS))?;
         tracing::info!("store: redis {}", redacted(url));
-        serve(&args, config, loaded, store, mode, proxies).await
+        serve(&args, config, loaded, store, mode, proxies, (hangups, stop)).await
     } else if let Some(urls) = &args.redis_sentinel {
         let mut builder =
             RedisStore::builder().sentinel(urls.clone(), args.sentinel_master.clone());
@@ -354,7 +406,7 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             args.sentinel_master,
             redact_all(urls)
         );
-        serve(&args, config, loaded, store, mode, proxies).await
+        serve(&args, config, loaded, store, mode, proxies, (hangups, stop)).await
     } else if let Some(urls) = &args.redis_cluster {
         let store = with_tls(RedisStore::builder().cluster(urls.clone()), &args)?
             .timeout(timeout)
@@ -362,10 +414,19 @@ pub async fn start(args: Args) -> Result<(SocketAddr, Server), Box<dyn std::erro
             .await
             .map_err(|e| bad_url("--redis-cluster", &redact_all(urls), e, CLUSTER_URLS))?;
         tracing::info!("store: redis cluster {}", redact_all(urls));
-        serve(&args, config, loaded, store, mode, proxies).await
+        serve(&args, config, loaded, store, mode, proxies, (hangups, stop)).await
     } else {
         tracing::info!("store: memory");
-        serve(&args, config, loaded, MemoryStore::new(), mode, proxies).await
+        serve(
+            &args,
+            config,
+            loaded,
+            MemoryStore::new(),
+            mode,
+            proxies,
+            (hangups, stop),
+        )
+        .await
     }
 }
 
@@ -444,6 +505,7 @@ async fn serve<St: Store>(
     store: St,
     mode: FailMode,
     proxies: ForwardedIp,
+    (hangups, stop): (Hangups, impl Future<Output = ()> + Send + 'static),
 ) -> Result<(SocketAddr, Server), Box<dyn std::error::Error>> {
     let groups = Arc::new(arc_swap::ArcSwap::from_pointee(config.groups().clone()));
     let proxies = Arc::new(if args.rfc7239 {
@@ -452,7 +514,7 @@ async fn serve<St: Store>(
         proxies
     });
     let rules = ReloadableRules::new(config.rules().clone());
-    let reloads = reloads(args, loaded, rules.clone(), groups.clone());
+    let reloads = reloads(args, hangups, loaded, rules.clone(), groups.clone());
     let mut layer = RateLimitLayer::new(rules, store).fail_mode(mode);
     let adjustments: Vec<(Status, Adjustment)> = (args.penalties.iter())
         .map(|&(status, n)| (status, Adjustment::Penalty(n)))
@@ -515,10 +577,21 @@ async fn serve<St: Store>(
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
+    // (Stopping starts the drain's clock.)
+    let draining = Arc::new(tokio::sync::Notify::new());
+    let drain_started = draining.clone();
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
+    .with_graceful_shutdown(async move {
+        stop.await;
+        tracing::info!(
+            "stopping: no new connections; answering the requests in flight (for {} s at most)",
+            DRAIN.as_secs()
+        );
+        drain_started.notify_one();
+    })
     .into_future();
     // (The reloads end with the server.)
     Ok((
@@ -527,6 +600,13 @@ async fn serve<St: Store>(
             tokio::select! {
                 result = server => result,
                 () = reloads => Ok(()),
+                () = async {
+                    draining.notified().await;
+                    tokio::time::sleep(DRAIN).await;
+                } => {
+                    tracing::warn!("requests still in flight after {} s; stopping without them", DRAIN.as_secs());
+                    Ok(())
+                }
             }
         }),
     ))
@@ -540,20 +620,13 @@ async fn serve<St: Store>(
 /// without `--config`, does nothing.)
 fn reloads(
     args: &Args,
+    mut hangups: Hangups,
     loaded: Option<String>,
     rules: ReloadableRules,
     groups: Arc<arc_swap::ArcSwap<BTreeMap<String, String>>>,
 ) -> impl Future<Output = ()> + Send + 'static {
     let path = args.config.clone();
     let every = Duration::from_millis(args.reload_check_ms);
-    // (SIGHUP is taken over now, before the server answers anything: a
-    // hang-up from then on reloads, never ends the process.)
-    #[cfg(unix)]
-    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .map_err(|e| tracing::warn!("cannot catch SIGHUP: {e}"))
-        .ok();
-    #[cfg(not(unix))]
-    let mut hangups = None;
     async move {
         let Some(path) = path else {
             // (A hang-up, as a reload script sends every server, does not
@@ -579,7 +652,14 @@ fn reloads(
             };
             let text = match read_config(&path).await {
                 Ok(text) => {
-                    unreadable = None;
+                    // (Said when it is what runs: a changed text is said
+                    // when loaded.)
+                    if unreadable.take().is_some() && last.as_deref() == Some(text.as_str()) {
+                        tracing::info!(
+                            "{} can be read again, unchanged: the running table stays",
+                            path.display()
+                        );
+                    }
                     text
                 }
                 Err(e) => {
@@ -646,10 +726,42 @@ fn reloads(
     }
 }
 
-/// The text of the config file; one that is not UTF-8 is an error that
-/// says where (line and byte).
+/// The largest config file read: far above any real table (16,000 regex
+/// routes take about 1 MiB), so that a wrong path (`/dev/zero`, a log)
+/// cannot fill the memory.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of the config file: a regular file (a FIFO or a device would
+/// hang or never end) of at most [`MAX_CONFIG_BYTES`]; one that is not
+/// UTF-8 is an error that says where (line and byte).
 async fn read_config(path: &std::path::Path) -> Result<String, String> {
-    let bytes = tokio::fs::read(path).await.map_err(|e| e.to_string())?;
+    use tokio::io::AsyncReadExt;
+    let metadata = tokio::fs::metadata(path).await.map_err(|e| e.to_string())?;
+    if !metadata.is_file() {
+        return Err(if metadata.is_dir() {
+            "a directory, not a file".to_owned()
+        } else {
+            "not a regular file (a FIFO, a socket or a device)".to_owned()
+        });
+    }
+    let too_large = |bytes: u64| {
+        format!("{bytes} bytes or more: a rule table is at most {MAX_CONFIG_BYTES} bytes (16 MiB)")
+    };
+    if metadata.len() > MAX_CONFIG_BYTES {
+        return Err(too_large(metadata.len()));
+    }
+    let file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    // (It may have grown since.)
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_large(MAX_CONFIG_BYTES + 1));
+    }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let before = &e.as_bytes()[..at];
@@ -695,6 +807,23 @@ async fn tick(every: Duration) {
     } else {
         tokio::time::sleep(every).await
     }
+}
+
+/// SIGHUP, caught (`None`: it cannot be, or there is none).
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+/// SIGHUP, taken over: from now on a hang-up is a reload, never the end
+/// of the process.
+fn catch_hangups() -> Hangups {
+    #[cfg(unix)]
+    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| tracing::warn!("cannot catch SIGHUP: {e}"))
+        .ok();
+    #[cfg(not(unix))]
+    None
 }
 
 /// The next SIGHUP (forever where there is none).

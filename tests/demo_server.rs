@@ -533,6 +533,48 @@ async fn a_trusted_proxy_names_the_client() {
     assert_eq!(statuses, [200, 200, 429]);
 }
 
+/// Stopped (SIGTERM, in `main`), the server takes no new connection,
+/// answers the request in flight, and ends.
+#[tokio::test]
+async fn a_stopped_server_answers_the_requests_in_flight() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let args = example::Args::try_parse_from(["server", "--listen", "127.0.0.1:0"]).unwrap();
+    let (addr, server) = example::start_until(args, async {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let server = tokio::spawn(server);
+    // An upload half sent when the stop comes.
+    let mut upload = tokio::net::TcpStream::connect(addr).await.unwrap();
+    upload
+        .write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 6\r\nconnection: close\r\n\r\nabc")
+        .await
+        .unwrap();
+    // (Answered: the connection is being served before the stop.)
+    let before = get(addr, "/elsewhere", &[]).await;
+    assert_eq!(before.status, 200);
+    stop.send(()).unwrap();
+    // New connections are refused once the listener is closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "still listening");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!server.is_finished());
+    upload.write_all(b"def").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), upload.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.ends_with("ok /upload\n"), "{answer}");
+    let ended = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+}
+
 #[tokio::test]
 async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     let error = start_error(&["--trusted-proxy", "10.0.0.0/99"]).await;
@@ -541,6 +583,24 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     let error = start_error(&["--config", "/nonexistent/rules.toml"]).await;
     assert!(
         error.contains("cannot read /nonexistent/rules.toml"),
+        "{error}"
+    );
+
+    // No regular file, or one too large: refused before it is read (a
+    // device would never end, a FIFO would hang the start).
+    let error = start_error(&["--config", "/dev/zero"]).await;
+    assert!(
+        error.contains("cannot read /dev/zero: not a regular file"),
+        "{error}"
+    );
+    let error = start_error(&["--config", "tests"]).await;
+    assert!(error.contains("a directory, not a file"), "{error}");
+    let huge = config_file("");
+    let file = std::fs::File::create(huge.path()).unwrap();
+    file.set_len(example::MAX_CONFIG_BYTES + 1).unwrap();
+    let error = start_error(&["--config", huge.path()]).await;
+    assert!(
+        error.contains("16777217 bytes or more: a rule table is at most 16777216 bytes"),
         "{error}"
     );
 
