@@ -1035,13 +1035,9 @@ impl Rules {
 
     /// The routes whose pattern matches the request; `None` when none does,
     /// or when the path or method is excluded. A path with a `%` is also
-    /// matched decoded (see [`decode_path`]). A request target that is no
-    /// path (`OPTIONS *`, `CONNECT host:443`, which hyper takes with any
-    /// method and axum hands to a fallback) is matched as `/`: a catch-all
-    /// route limits it too.
+    /// matched decoded (see [`decode_path`]).
     #[inline]
     pub(crate) fn candidates(&self, method: &Method, path: &str) -> Option<Candidates> {
-        let path = if path.starts_with('/') { path } else { "/" };
         if path.as_bytes().contains(&b'%') {
             return self.candidates_encoded(method, path);
         }
@@ -1398,14 +1394,19 @@ impl RulesBuilder {
                 route: Some((ri, route.pattern.clone())),
                 ..Location::default()
             };
+            // (The pattern is a file's `path`.)
+            let at_path = || Location {
+                field: Some("path".to_owned()),
+                ..at_route.clone()
+            };
             if route.pattern.is_empty() {
-                return Err(ConfigError::new(at_route, ConfigErrorKind::EmptyPattern));
+                return Err(ConfigError::new(at_path(), ConfigErrorKind::EmptyPattern));
             }
             // (Parsed only: every pattern is compiled once, into the set
             // below; compiling each alone too took most of a large table's
             // build.)
-            let checked = check_pattern(&route.pattern)
-                .map_err(|kind| ConfigError::new(at_route.clone(), kind))?;
+            let checked =
+                check_pattern(&route.pattern).map_err(|kind| ConfigError::new(at_path(), kind))?;
             set_memory += checked.memory;
             if set_memory > SET_SIZE_LIMIT {
                 return Err(ConfigError::new(at_route, ConfigErrorKind::RoutesTooLarge));
@@ -2608,13 +2609,19 @@ fn parse_error_at(text: &str) -> Location {
     let field = match &rule {
         Some((_, _, field)) => field.clone(),
         None if !route.get("path").is_some_and(toml::Value::is_str) => Some("path".to_owned()),
+        // (Only `global` is a table of windows to look into: another
+        // key's value, `rules = { .. }` or an unknown `[routes.extra]`, is
+        // wrong whole.)
         None => offending_key::<RawRoute>(route, |key, value| {
-            let inner = offending_key::<RawWindows>(value, |_, _| None)?;
+            let inner =
+                (key == "global").then(|| offending_key::<RawWindows>(value, |_, _| None))??;
             Some(format!("{key}.{inner}"))
         }),
     };
+    // (A path that is no string is no pattern to name the route by.)
+    let path = route.get("path").and_then(toml::Value::as_str);
     Location {
-        route: Some((i, text_of(route, "path").unwrap_or_default())),
+        route: Some((i, path.unwrap_or_default().to_owned())),
         rule: rule.map(|(j, group, _)| (j, group)),
         field,
     }
@@ -2858,7 +2865,7 @@ struct RawRule {
     zone: Option<String>,
     algorithm: Option<Algorithm>,
     block_time: Option<RawBlockTime>,
-    cost: Option<i64>,
+    cost: Option<RawCost>,
     // The window fields of `RawWindows` (serde's `flatten` cannot be combined
     // with `deny_unknown_fields`).
     second: Option<RawLimit>,
@@ -2874,8 +2881,52 @@ struct RawRule {
 #[serde(deny_unknown_fields)]
 struct RawWindow {
     seconds: Option<RawSeconds>,
-    millis: Option<u64>,
+    millis: Option<RawMillis>,
     limit: RawLimit,
+}
+
+/// A whole number, or an error that says what the field takes (`what`)
+/// rather than a Rust type's name.
+fn whole_number<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    what: &'static str,
+) -> Result<i64, D::Error> {
+    struct Visitor(&'static str);
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = i64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<i64, E> {
+            Ok(n)
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<i64, E> {
+            i64::try_from(n).map_err(|_| E::custom(format_args!("{}, got {n}", self.0)))
+        }
+    }
+    d.deserialize_i64(Visitor(what))
+}
+
+/// A window's `millis`.
+struct RawMillis(u64);
+
+impl<'de> Deserialize<'de> for RawMillis {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const WHAT: &str = "a whole number of milliseconds, at least 1";
+        let n = whole_number(d, WHAT)?;
+        u64::try_from(n)
+            .map(RawMillis)
+            .map_err(|_| serde::de::Error::custom(format_args!("{WHAT}, got {n}")))
+    }
+}
+
+/// A rule's `cost` (checked against its windows when the rule is built).
+struct RawCost(i64);
+
+impl<'de> Deserialize<'de> for RawCost {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        whole_number(d, "a cost: a whole number from 0 (free) to 4294967295").map(RawCost)
+    }
 }
 
 /// A window's `seconds`: a whole number (a fraction is an error that
@@ -3114,7 +3165,7 @@ impl RawWindows {
             // reported against this window by the builder.
             let duration = match (w.seconds, w.millis) {
                 (Some(RawSeconds(s)), None) => Some(Duration::from_secs(s)),
-                (None, Some(ms)) => Some(Duration::from_millis(ms)),
+                (None, Some(RawMillis(ms))) => Some(Duration::from_millis(ms)),
                 _ => None,
             };
             rule.push_raw(format!("windows[{i}]"), duration, w.limit.0);
@@ -3131,7 +3182,7 @@ impl RawRule {
         rule.method = self.method.map(|m| m.to_ascii_uppercase());
         rule.zone = self.zone;
         rule.algorithm = self.algorithm.unwrap_or_default();
-        rule.cost = self.cost;
+        rule.cost = self.cost.map(|RawCost(n)| n);
         let block_time = self.block_time.map(|raw| raw.read());
         let limits = RawWindows {
             second: self.second,

@@ -155,7 +155,12 @@ where
         let shared = &*self.shared;
         // (One table for the whole decision, even if a reload swaps it.)
         let rules = shared.rules.load();
-        let candidates = rules.candidates(request.method(), request.uri().path());
+        // (A request target that is no path, `OPTIONS *` or `CONNECT
+        // host:443`, which hyper takes with any method and axum hands to a
+        // fallback, is matched as `/`: a catch-all route limits it too.)
+        let path = request.uri().path();
+        let path = if path.starts_with('/') { path } else { "/" };
+        let candidates = rules.candidates(request.method(), path);
         let Some(candidates) = candidates else {
             drop(rules);
             return self.unmatched(request);

@@ -109,8 +109,10 @@ fn unknown_fields_are_rejected_and_named() {
     // A value of the wrong type where a name is read: shown as written.
     let err = error("[[routes]]\npath = \"^/a\"\nrules = [{ group = 5, second = 1 }]\n");
     assert_eq!(err.rule(), Some((0, "5")));
+    // A path that is no string is no pattern: the route is its number.
     let err = error("[[routes]]\npath = 7\nrules = [{ second = 1 }]\n");
-    assert_eq!(err.route(), Some((0, "7")));
+    assert_eq!(err.route(), Some((0, "")));
+    assert!(err.to_string().contains("route #0, field `path`"), "{err}");
 }
 
 /// A field the parser refuses (unknown, or of the wrong type) is named by
@@ -138,6 +140,14 @@ fn parse_errors_name_the_field() {
             "global = { second = \"2\" }\nrules = [{ minute = 10 }]",
             "global.second",
         ),
+        // Another table is wrong whole: not a key inside it.
+        ("rules = { second = 1 }", "rules"),
+        ("rules = [{ second = 1 }]\n[routes.extra]\nx = 1", "extra"),
+        ("rules = [{ second = 1, cost = 0.5 }]", "cost"),
+        (
+            "rules = [{ windows = [{ millis = 1.5, limit = 1 }] }]",
+            "windows",
+        ),
     ] {
         let err = error(&route(fields));
         assert!(
@@ -149,6 +159,9 @@ fn parse_errors_name_the_field() {
             err.to_string().contains(&format!("field `{field}`")),
             "{err}"
         );
+        // What the field takes, not a Rust type's name.
+        assert!(!err.to_string().contains("expected i64"), "{err}");
+        assert!(!err.to_string().contains("expected u64"), "{err}");
     }
     let err = error("[[routes]]\npath = 5\nrules = [{ second = 1 }]\n");
     assert_eq!(err.field(), Some("path"), "{err}");
@@ -168,7 +181,11 @@ fn invalid_regex_names_the_route() {
     );
     assert!(matches!(err.kind(), ConfigErrorKind::InvalidRegex(_)));
     assert_eq!(err.route(), Some((1, "^/bad(")));
-    assert!(err.to_string().contains("route #1 `^/bad(`"), "{err}");
+    assert_eq!(err.field(), Some("path"));
+    assert!(
+        err.to_string().contains("route #1 `^/bad(`, field `path`"),
+        "{err}"
+    );
 }
 
 #[test]
