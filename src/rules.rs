@@ -452,8 +452,9 @@ impl Rule {
         if let Some((field, why)) = &self.notation_error {
             return Err(fail(Some(field), ConfigErrorKind::LimitText(why.clone())));
         }
-        if self.windows.len() > MAX_WINDOWS {
-            return Err(fail(None, ConfigErrorKind::TooManyWindows));
+        // (Named by the first window past the most a rule may have.)
+        if let Some((name, _, _)) = self.windows.get(MAX_WINDOWS) {
+            return Err(fail(Some(name), ConfigErrorKind::TooManyWindows));
         }
         let mut windows: Vec<Window> = Vec::with_capacity(self.windows.len());
         for (name, duration, limit) in &self.windows {

@@ -529,6 +529,13 @@ fn too_many_windows_are_rejected() {
     }
     let err = Rules::builder().route("^/a", [rule]).build().unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::TooManyWindows));
+    // Named by the first window too many.
+    assert_eq!(err.field(), Some("windows[8]"));
+    assert!(
+        err.to_string()
+            .contains("field `windows[8]`: a rule may have at most 8 windows"),
+        "{err}"
+    );
 }
 
 #[test]
