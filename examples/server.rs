@@ -32,7 +32,7 @@
 //!
 //! `SIGTERM` or `SIGINT` stop the server: it takes no new connection,
 //! answers the requests in flight (for `DRAIN`, 10 s, at most) and exits
-//! 0. `SIGHUP` reloads `--config`, and is caught before anything else, so
+//! 0; a second one ends it at once (exit 1). `SIGHUP` reloads `--config`, and is caught before anything else, so
 //! one that comes while a large table loads never ends the process.
 //!
 //! Identity: the user is the `x-api-key` header, in the group that the
@@ -260,14 +260,19 @@ async fn main() -> std::process::ExitCode {
     if let Some((value, error)) = unread {
         tracing::warn!("RUST_LOG `{value}` is not a log filter ({error}); logging at info");
     }
-    let result = match start_until(Args::parse(), stop_signal()).await {
+    // (Caught before anything else, as SIGHUP is.)
+    let stop = stop_signal();
+    let result = match start_until(Args::parse(), stop).await {
         Ok((_, server)) => server.await.map_err(Into::into),
         Err(error) => Err(error),
     };
     match result {
         Ok(()) => {
             tracing::info!("stopped");
-            std::process::ExitCode::SUCCESS
+            // (Not waiting for the runtime's blocking tasks: a read of the
+            // config file that hangs, a FIFO put in its place, would hold
+            // the exit for ever.)
+            std::process::exit(0)
         }
         Err(error) => {
             eprintln!("error: {error}");
@@ -282,28 +287,50 @@ pub type Server = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 /// How long a stopping server waits for the requests in flight.
 pub const DRAIN: Duration = Duration::from_secs(10);
 
-/// SIGINT (Ctrl-C), or SIGTERM (what systemd and Kubernetes send to stop a
-/// service), said in the log.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
-                _ = term.recv() => tracing::info!("SIGTERM"),
-            },
+/// SIGINT (Ctrl-C) or SIGTERM (what systemd and Kubernetes send to stop a
+/// service), caught from now on (one that comes while the server starts
+/// stops it once it runs), said in the log; a second one ends the process
+/// at once, without waiting for the requests in flight.
+#[cfg(unix)]
+fn stop_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{signal, SignalKind};
+    let caught = signal(SignalKind::terminate()).and_then(|term| {
+        let interrupt = signal(SignalKind::interrupt())?;
+        Ok((term, interrupt))
+    });
+    async move {
+        let (mut term, mut interrupt) = match caught {
+            Ok(both) => both,
             Err(e) => {
-                tracing::warn!("cannot catch SIGTERM: {e}");
-                let _ = tokio::signal::ctrl_c().await;
-                tracing::info!("SIGINT");
+                tracing::warn!("cannot catch SIGTERM and SIGINT: {e}");
+                return std::future::pending().await;
             }
-        }
+        };
+        let name = |term: bool| if term { "SIGTERM" } else { "SIGINT" };
+        let first = tokio::select! {
+            _ = term.recv() => true,
+            _ = interrupt.recv() => false,
+        };
+        tracing::info!("{}", name(first));
+        tokio::spawn(async move {
+            let second = tokio::select! {
+                _ = term.recv() => true,
+                _ = interrupt.recv() => false,
+            };
+            tracing::warn!("{} while stopping: stopping now", name(second));
+            std::process::exit(1);
+        });
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("Ctrl-C");
+}
+
+#[cfg(not(unix))]
+fn stop_signal() -> impl Future<Output = ()> + Send + 'static {
+    async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::info!("Ctrl-C");
+        } else {
+            std::future::pending().await
+        }
     }
 }
 
@@ -744,11 +771,12 @@ async fn read_config(path: &std::path::Path) -> Result<String, String> {
             "not a regular file (a FIFO, a socket or a device)".to_owned()
         });
     }
-    let too_large = |bytes: u64| {
-        format!("{bytes} bytes or more: a rule table is at most {MAX_CONFIG_BYTES} bytes (16 MiB)")
-    };
+    // (One text whatever the size: a file that keeps growing is said once,
+    // not at every look.)
+    let too_large =
+        || format!("larger than a rule table may be ({MAX_CONFIG_BYTES} bytes, 16 MiB)");
     if metadata.len() > MAX_CONFIG_BYTES {
-        return Err(too_large(metadata.len()));
+        return Err(too_large());
     }
     let file = tokio::fs::File::open(path)
         .await
@@ -760,7 +788,7 @@ async fn read_config(path: &std::path::Path) -> Result<String, String> {
         .await
         .map_err(|e| e.to_string())?;
     if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(too_large(MAX_CONFIG_BYTES + 1));
+        return Err(too_large());
     }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();

@@ -147,7 +147,8 @@ impl ConfigError {
     }
 
     /// The index and path pattern of the offending route, when the error is
-    /// about one route.
+    /// about one route (the pattern empty when a file's route has no
+    /// `path`, or one that is no string).
     pub fn route(&self) -> Option<(usize, &str)> {
         self.at.route.as_ref().map(|(i, p)| (*i, p.as_str()))
     }
@@ -158,7 +159,9 @@ impl ConfigError {
     }
 
     /// The offending field (`second`, `windows[1]`, `method`, ...), also
-    /// when the parser refused it (unknown, or of the wrong type).
+    /// when the parser refused it (unknown, or of the wrong type). Fields
+    /// go by their names in a TOML table: `path` is a route's pattern, also
+    /// the one given to [`RulesBuilder::route`](crate::RulesBuilder::route).
     pub fn field(&self) -> Option<&str> {
         self.at.field.as_deref()
     }

@@ -924,10 +924,11 @@ impl Fallback {
     }
 }
 
-/// Lets through at most one warning per second of each kind: a store's
-/// failure, an adjustment's, an identity's server error (each kind its
-/// own, so that one never hides another, and each says how many of its
-/// own kind it held back).
+/// Lets through at most one line per second of each kind: the warnings of
+/// a store's failure, an adjustment's, an identity's server error, and
+/// the `info` line of a shadow-mode denial (each kind its own, so that one
+/// never hides another, and each says how many of its own kind it held
+/// back).
 #[derive(Debug, Default)]
 pub(crate) struct WarnGate {
     store: Gate,
@@ -969,11 +970,11 @@ impl WarnGate {
     /// second (`suppressed`: those of any route since the last line), so
     /// that trying limits on real traffic does not flood the logs; every
     /// one is logged at `debug` (and counted, with `metrics`).
-    pub(crate) fn shadow_denied(&self, route: &str, now: u64) {
+    pub(crate) fn shadow_denied(&self, route: &str, now: impl FnOnce() -> u64) {
         if !tracing::enabled!(tracing::Level::INFO) {
             return;
         }
-        if let Some(suppressed) = self.shadow.pass(now) {
+        if let Some(suppressed) = self.shadow.pass(now()) {
             tracing::info!(
                 route,
                 suppressed,

@@ -15,7 +15,8 @@
 //! let app: Router = Router::new()
 //!     .route("/towns", get(|| async { "towns" }))
 //!     .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(
-//!         // (A key the service has verified: see `identity::HeaderKey`.)
+//!         // (A key the service has verified: see `identity::HeaderKey`;
+//!         // `identity::single_header` refuses one sent twice.)
 //!         |head: &http::request::Parts| {
 //!             let key = head.headers.get("x-api-key").map(|v| v.as_bytes().to_vec());
 //!             async move {

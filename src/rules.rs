@@ -1410,7 +1410,7 @@ impl RulesBuilder {
                 check_pattern(&route.pattern).map_err(|kind| ConfigError::new(at_path(), kind))?;
             set_memory += checked.memory;
             if set_memory > SET_SIZE_LIMIT {
-                return Err(ConfigError::new(at_route, ConfigErrorKind::RoutesTooLarge));
+                return Err(ConfigError::new(at_path(), ConfigErrorKind::RoutesTooLarge));
             }
             set_states[0] += checked.states[0];
             set_states[1] += checked.states[1];
@@ -1425,7 +1425,7 @@ impl RulesBuilder {
             // Budget keys are named after the pattern: two routes with one
             // pattern would share them, whatever their rules.
             if patterns.insert(&route.pattern, ri).is_some() {
-                return Err(ConfigError::new(at_route, ConfigErrorKind::DuplicateRoute));
+                return Err(ConfigError::new(at_path(), ConfigErrorKind::DuplicateRoute));
             }
             let route_id = key::pattern_id(&route.pattern);
             let pattern: Arc<str> = route.pattern.as_str().into();

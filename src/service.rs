@@ -790,7 +790,7 @@ impl<St: Store, I> Shared<St, I> {
             });
             self.state
                 .warnings
-                .shadow_denied(&policy.route, self.real_now());
+                .shadow_denied(&policy.route, || self.real_now());
             return Verdict::Pass(Some(headers.without_retry()));
         }
         let outcome = match via {

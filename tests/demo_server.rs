@@ -600,7 +600,7 @@ async fn bad_flags_and_files_stop_it_with_a_clear_error() {
     file.set_len(example::MAX_CONFIG_BYTES + 1).unwrap();
     let error = start_error(&["--config", huge.path()]).await;
     assert!(
-        error.contains("16777217 bytes or more: a rule table is at most 16777216 bytes"),
+        error.contains("larger than a rule table may be (16777216 bytes, 16 MiB)"),
         "{error}"
     );
 

@@ -82,7 +82,8 @@
 //! use tower_ratelimit::identity::{self, ClientIp, Identity, IdentityError};
 //!
 //! let identify = identity::immediate(|head: &Parts| {
-//!     match (head.headers.get("x-api-key"), ClientIp::peer(head)) {
+//!     // (A key sent twice is a 400: see `single_header`.)
+//!     match (identity::single_header(&head.headers, "x-api-key")?, ClientIp::peer(head)) {
 //!         // (No IP's text starts with "key:".)
 //!         (Some(key), _) => Ok(Identity::new([b"key:".as_slice(), key.as_bytes()].concat())),
 //!         (None, Some(peer)) => Ok(Identity::from_ip(peer.ip())),
