@@ -294,33 +294,35 @@ pub const DRAIN: Duration = Duration::from_secs(10);
 #[cfg(unix)]
 fn stop_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{signal, SignalKind};
-    let caught = signal(SignalKind::terminate()).and_then(|term| {
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let told = stop.clone();
+    match signal(SignalKind::terminate()).and_then(|term| {
         let interrupt = signal(SignalKind::interrupt())?;
         Ok((term, interrupt))
-    });
-    async move {
-        let (mut term, mut interrupt) = match caught {
-            Ok(both) => both,
-            Err(e) => {
-                tracing::warn!("cannot catch SIGTERM and SIGINT: {e}");
-                return std::future::pending().await;
-            }
-        };
-        let name = |term: bool| if term { "SIGTERM" } else { "SIGINT" };
-        let first = tokio::select! {
-            _ = term.recv() => true,
-            _ = interrupt.recv() => false,
-        };
-        tracing::info!("{}", name(first));
-        tokio::spawn(async move {
-            let second = tokio::select! {
-                _ = term.recv() => true,
-                _ = interrupt.recv() => false,
-            };
-            tracing::warn!("{} while stopping: stopping now", name(second));
-            std::process::exit(1);
-        });
+    }) {
+        // (Watched by a task of its own from now on, so that signals are
+        // told apart, and said, in the order they come, also while the
+        // table loads.)
+        Ok((mut term, mut interrupt)) => {
+            tokio::spawn(async move {
+                let name = |term: bool| if term { "SIGTERM" } else { "SIGINT" };
+                let first = tokio::select! {
+                    _ = term.recv() => true,
+                    _ = interrupt.recv() => false,
+                };
+                tracing::info!("{}", name(first));
+                told.notify_one();
+                let second = tokio::select! {
+                    _ = term.recv() => true,
+                    _ = interrupt.recv() => false,
+                };
+                tracing::warn!("{} while stopping: stopping now", name(second));
+                std::process::exit(1);
+            });
+        }
+        Err(e) => tracing::warn!("cannot catch SIGTERM and SIGINT: {e}"),
     }
+    async move { stop.notified().await }
 }
 
 #[cfg(not(unix))]
@@ -631,7 +633,7 @@ async fn serve<St: Store>(
                     draining.notified().await;
                     tokio::time::sleep(DRAIN).await;
                 } => {
-                    tracing::warn!("requests still in flight after {} s; stopping without them", DRAIN.as_secs());
+                    tracing::warn!("connections still open after {} s (requests in flight, or clients that never finished one); stopping without them", DRAIN.as_secs());
                     Ok(())
                 }
             }

@@ -924,17 +924,16 @@ impl Fallback {
     }
 }
 
-/// Lets through at most one line per second of each kind: the warnings of
-/// a store's failure, an adjustment's, an identity's server error, and
-/// the `info` line of a shadow-mode denial (each kind its own, so that one
-/// never hides another, and each says how many of its own kind it held
-/// back).
+/// Lets through at most one warning per second of each kind: a store's
+/// failure, an adjustment's, an identity's server error (each kind its
+/// own, so that one never hides another, and each says how many of its
+/// own kind it held back). (A shadow-mode denial's `info` line has a gate
+/// per rule: see [`shadow_denied`].)
 #[derive(Debug, Default)]
 pub(crate) struct WarnGate {
     store: Gate,
     adjust: Gate,
     identity: Gate,
-    shadow: Gate,
 }
 
 impl WarnGate {
@@ -965,28 +964,30 @@ impl WarnGate {
             tracing::warn!(%error, suppressed, "rate-limit store failed to adjust a budget");
         }
     }
+}
 
-    /// A request shadow mode let through: at `info`, at most once a
-    /// second (`suppressed`: those of any route since the last line), so
-    /// that trying limits on real traffic does not flood the logs; every
-    /// one is logged at `debug` (and counted, with `metrics`).
-    pub(crate) fn shadow_denied(&self, route: &str, now: impl FnOnce() -> u64) {
-        if !tracing::enabled!(tracing::Level::INFO) {
-            return;
-        }
-        if let Some(suppressed) = self.shadow.pass(now()) {
-            tracing::info!(
-                route,
-                suppressed,
-                "shadow mode: request would have been denied"
-            );
-        }
+/// A request shadow mode let through, by the rule whose `gate` this is: at
+/// `info`, at most once a second per rule (`suppressed`: that rule's since
+/// its last line, said with its next one), so that trying limits on real
+/// traffic does not flood the logs, and a rule that would deny less often
+/// is named too; every one is logged at `debug` (and counted, with
+/// `metrics`).
+pub(crate) fn shadow_denied(gate: &Gate, route: &str, now: impl FnOnce() -> u64) {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    if let Some(suppressed) = gate.pass(now()) {
+        tracing::info!(
+            route,
+            suppressed,
+            "shadow mode: request would have been denied"
+        );
     }
 }
 
 /// One kind of warning's gate: a second at least between two.
 #[derive(Debug, Default)]
-struct Gate {
+pub(crate) struct Gate {
     /// When the last warning went out, in microseconds, plus one (0: none
     /// yet).
     last: AtomicU64,

@@ -71,7 +71,7 @@
 //! store's latency in microseconds, when an asynchronous store was asked);
 //! `trace` adds the budget key (which holds the encoded user: never at
 //! `info`); `info` when shadow mode lets through a request it would deny
-//! (at most once a second, with the count of those held back since:
+//! (at most once a second per rule, with the count of those held back since:
 //! `debug` has every one), when a
 //! failing store answers again (leaving the fallback store), and when the
 //! Redis store reconnects or follows a new Sentinel master; `warn`, at

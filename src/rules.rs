@@ -698,6 +698,9 @@ pub(crate) struct Policy {
     pub(crate) denial_cache: bool,
     /// The route's pattern, for logs.
     pub(crate) route: Arc<str>,
+    /// The gate of this rule's shadow-mode `info` lines (see
+    /// [`crate::layer::shadow_denied`]).
+    pub(crate) shadow_log: Arc<crate::layer::Gate>,
     /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10): one
     /// item per window, computed once.
     pub(crate) ietf_policy: Option<HeaderValue>,
@@ -2536,6 +2539,7 @@ fn compile_rule(
             denial_cache: route.denial_cache,
             headers: route.headers,
             route: route.pattern.clone(),
+            shadow_log: Arc::default(),
         }))
     };
     Ok(CompiledRule {
@@ -2605,7 +2609,15 @@ fn parse_error_at(text: &str) -> Location {
         })
         .map(|(j, rule)| {
             let group = text_of(rule, "group").unwrap_or_else(|| DEFAULT_GROUP.to_owned());
-            (j, group, offending_key::<RawRule>(rule, |_, _| None))
+            // (A window of the list by its index, as range errors name it.)
+            let window = |key: &str, value: &toml::Value| {
+                let windows = value.as_array().filter(|_| key == "windows")?;
+                let i = windows
+                    .iter()
+                    .position(|w| RawWindow::deserialize(w.clone()).is_err())?;
+                Some(format!("windows[{i}]"))
+            };
+            (j, group, offending_key::<RawRule>(rule, window))
         });
     let field = match &rule {
         Some((_, _, field)) => field.clone(),

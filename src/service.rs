@@ -788,9 +788,7 @@ impl<St: Store, I> Shared<St, I> {
             observe::outcome(&policy.route, checked.budget, Outcome::ShadowDenied, || {
                 (remaining(&decision), checked.latency())
             });
-            self.state
-                .warnings
-                .shadow_denied(&policy.route, || self.real_now());
+            crate::layer::shadow_denied(&policy.shadow_log, &policy.route, || self.real_now());
             return Verdict::Pass(Some(headers.without_retry()));
         }
         let outcome = match via {

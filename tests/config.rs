@@ -145,8 +145,8 @@ fn parse_errors_name_the_field() {
         ("rules = [{ second = 1 }]\n[routes.extra]\nx = 1", "extra"),
         ("rules = [{ second = 1, cost = 0.5 }]", "cost"),
         (
-            "rules = [{ windows = [{ millis = 1.5, limit = 1 }] }]",
-            "windows",
+            "rules = [{ windows = [{ seconds = 1, limit = 1 }, { millis = 1.5, limit = 1 }] }]",
+            "windows[1]",
         ),
     ] {
         let err = error(&route(fields));
