@@ -1077,16 +1077,22 @@ async fn stall_a_master(
 ) -> (Vec<String>, Vec<usize>, usize, Instant) {
     let (users, masters) = decided_spread(cluster, app).await;
     let stalled = masters[0];
-    // (Once the store has read its clock: checks carry no deadline before,
-    // and a reading may take longer than a check on a busy machine.)
+    // (Once the store has read the masters' clocks: checks carry no
+    // deadline before, and a reading may take longer than a check on a
+    // busy machine. It reads them all at once, and one more `TIME` on a
+    // connection it makes goes to any of them: every master asked, then
+    // time for the replies to arrive.)
     let started = Instant::now();
-    while !cluster.nodes[stalled]
-        .cli(&["info", "commandstats"])
-        .contains("cmdstat_time:")
+    while !cluster
+        .nodes
+        .iter()
+        .filter(|n| n.cli(&["role"]).starts_with("master"))
+        .all(|n| n.cli(&["info", "commandstats"]).contains("cmdstat_time:"))
     {
         assert!(started.elapsed() < Duration::from_secs(5), "no clock read");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let ms = ms.to_string();
     assert_eq!(
         cluster.nodes[stalled].cli(&["client", "pause", &ms, "all"]),

@@ -2669,6 +2669,15 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                             tracing::info!(master, "rate-limit store connected to redis");
                         }
                         this.reconnecting.store(false, Ordering::Release);
+                        // (On a Cluster, its masters' clocks now, as at
+                        // start-up, not at the next tick: until read, a
+                        // master's checks carry no deadline, and one it
+                        // runs after a stall is recorded though the layer
+                        // answered it by its fail mode.)
+                        if this.masters().is_some() {
+                            this.read_slot_map(this.ready_timeout).await;
+                            this.read_clocks_behind(this.ready_timeout);
+                        }
                         return;
                     }
                     // (Set up wrongly since the store was built, as a
