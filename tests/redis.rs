@@ -969,7 +969,9 @@ async fn a_request_alone_costs_exactly_one_command() {
 async fn a_big_batch_goes_as_several_calls() {
     let server = RedisServer::start();
     let store = own_store(&server).await;
-    let rule = Rule::new().hour(1).algorithm(Algorithm::FixedWindow);
+    // (A month's fixed window: an hour's, aligned on the epoch, may end
+    // between the two rounds.)
+    let rule = Rule::new().month(1).algorithm(Algorithm::FixedWindow);
     let app = App::with(one_route(rule), store, |l| l.denial_cache(0));
     assert_eq!(server.cli(&["config", "resetstat"]), "OK");
     let users: Vec<String> = (0..150).map(|i| format!("u{i}")).collect();
