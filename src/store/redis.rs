@@ -110,7 +110,8 @@
 //! one that followed the `ASK`), then goes again.
 //!
 //! A check carries its deadline on the server's clock (read with `TIME`
-//! when the store connects and every 10 s), plus a margin of the reading's
+//! when the store connects, every 10 s, and at once when a check finds it
+//! unknown, at most four times a second), plus a margin of the reading's
 //! error, 5 ms and 1 ms per second since the reading, rounded up to 2 ms,
 //! so that Redis, stalled past it, refuses the check instead of recording
 //! a request the layer already answered by its fail mode; one refused
@@ -835,6 +836,11 @@ const CLOCK_PATIENCE: Duration = Duration::from_millis(500);
 /// How often the server's clock is read again while checks flow.
 const CLOCK_READ_EVERY: Duration = Duration::from_secs(10);
 
+/// How often a check that finds its server's clock unknown may have it
+/// read at once (see `Lazy::want_clock`): a server or proxy that refuses
+/// `TIME` is asked a few times a second, not once per check.
+const CLOCK_WANTED_EVERY: Duration = Duration::from_millis(250);
+
 impl ServerClock {
     fn new() -> Self {
         Self {
@@ -1254,6 +1260,18 @@ impl Inner {
                 watch.clock(domain)
             }
             Backend::Direct(_) | Backend::Pool(_) => Some(&self.clock),
+        }
+    }
+
+    /// See [`Lazy::want_clock`].
+    #[cold]
+    #[inline(never)]
+    fn want_clock(&self) {
+        match &self.backend {
+            Backend::Direct(lazy) => lazy.want_clock(),
+            Backend::Cluster(lazy) => lazy.want_clock(),
+            Backend::Pool(lazy) => lazy.want_clock(),
+            Backend::ClusterPool(lazy) => lazy.want_clock(),
         }
     }
 
@@ -1940,6 +1958,9 @@ struct Lazy<C> {
     /// Whether a round of [`read_master_clocks`](Self::read_master_clocks)
     /// runs (in a task of its own: see [`maintain`](Self::maintain)).
     reading_clocks: AtomicBool,
+    /// When (see [`Lazy::micros`]; 0: never) a check last had the
+    /// server's clock read at once (see [`want_clock`](Self::want_clock)).
+    clock_wanted_at: AtomicU64,
     scripts: Arc<Scripts>,
     /// Whether a batch's checks of one kind go as one call of their batch
     /// script; turned off for good when the server refuses a call whose
@@ -2011,6 +2032,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             map_only,
             deadlines: shape.deadlines,
             reading_clocks: AtomicBool::new(false),
+            clock_wanted_at: AtomicU64::new(0),
             current: ArcSwapOption::empty(),
             connect,
             reconnecting: AtomicBool::new(false),
@@ -2171,6 +2193,48 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         });
     }
 
+    /// A check found the clock of the server that runs it unknown (not
+    /// read yet on a new connection, doubted after a refusal as late, a
+    /// Cluster master new to the slot map): it is read now, in a task of
+    /// its own, not at the upkeep's next tick, a second on at most; until
+    /// then a check that server runs after a stall is recorded though the
+    /// layer answered it by its fail mode. At most once every
+    /// [`CLOCK_WANTED_EVERY`] (on a Cluster, a round of the masters' clocks
+    /// that are due, one round at a time). (Out of line: rare.)
+    #[cold]
+    #[inline(never)]
+    fn want_clock(self: &Arc<Self>) {
+        // (A Cluster's own clock is not its checks': its masters' are.)
+        if !self.deadlines && self.masters().is_none() {
+            return;
+        }
+        let now = self.micros(tokio::time::Instant::now());
+        let last = self.clock_wanted_at.load(Ordering::Relaxed);
+        let every = u64::try_from(CLOCK_WANTED_EVERY.as_micros()).unwrap_or(u64::MAX);
+        if (last != 0 && now.saturating_sub(last) < every)
+            || self
+                .clock_wanted_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        if self.masters().is_some() {
+            self.read_clocks_behind(self.ready_timeout);
+            return;
+        }
+        // (No connection: the reconnect reads it as it connects.)
+        let (Ok(runtime), Some(mut conn)) = (tokio::runtime::Handle::try_current(), self.get())
+        else {
+            return;
+        };
+        let clock = Arc::clone(&self.clock);
+        let patience = self.ready_timeout.max(CLOCK_PATIENCE);
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(patience, clock.read(&mut conn)).await;
+        });
+    }
+
     /// On a Cluster: a round of
     /// [`read_master_clocks`](Self::read_master_clocks), each reading
     /// bounded by `timeout` or [`CLOCK_PATIENCE`] (the longer), in a task
@@ -2241,7 +2305,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     /// reading is due (see [`Watch::clocks_due`]: never read, or
     /// [`CLOCK_READ_EVERY`] ago; not a held master), all at once, each
     /// bounded by `timeout`. A master's checks carry no deadline until its
-    /// clock is read (a promoted replica's: within a second).
+    /// clock is read (a promoted replica's: as its first check finds it
+    /// unknown, see [`want_clock`](Self::want_clock)).
     async fn read_master_clocks(&self, timeout: Duration) {
         let Some(watch) = self.masters() else { return };
         let due = watch.clocks_due();
@@ -3572,6 +3637,9 @@ impl RedisStore {
             Some(_) => None,
         };
         let on_server = clock.and_then(|clock| clock.deadline(started, inner.timeout));
+        if on_server.is_none() && clock.is_some() {
+            inner.want_clock();
+        }
         let cmd = eval_cmd(&inner.prefix, script, &check, on_server);
         let mut reply = inner.send(&check, cmd, inner.timeout).await?;
         if reply.is_empty() {
@@ -5430,6 +5498,39 @@ mod tests {
             // store reads the clock again.)
             assert_eq!(clock.deadline(Instant::now(), Duration::ZERO), None);
             clock.reading.store(Some(Arc::clone(&behind)));
+        }
+    }
+
+    /// A check that finds the server's clock unknown (here doubted, as
+    /// after a refusal as late) has it read at once, not at the upkeep's
+    /// next tick, a second on: four times in a row, each reading within
+    /// 250 ms of its check, where the ticks would meet at most two of the
+    /// four.
+    #[tokio::test]
+    async fn a_check_that_finds_the_clock_unknown_has_it_read_at_once() {
+        let server = Throwaway::start();
+        let store = RedisStore::builder()
+            .url(format!("redis://127.0.0.1:{}", server.1))
+            .keepalive(None)
+            .build()
+            .await
+            .unwrap();
+        let clock = &store.inner.clock;
+        let windows = [Window::new(Duration::from_secs(60), 1_000).unwrap()];
+        for nth in 0..4 {
+            // (Past the last one's turn: see `CLOCK_WANTED_EVERY`.)
+            tokio::time::sleep(CLOCK_WANTED_EVERY + Duration::from_millis(50)).await;
+            clock.doubt();
+            let asked = Instant::now();
+            let check = Check::new("api:alice", windows.to_vec());
+            assert!(store.check(check).await.unwrap().allowed());
+            while clock.deadline(Instant::now(), Duration::ZERO).is_none() {
+                assert!(
+                    asked.elapsed() < Duration::from_millis(250),
+                    "reading {nth}: not read at once"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     }
 
