@@ -114,19 +114,19 @@ async fn on_cluster(cluster: &support::redis_server::RedisCluster, mode: FailMod
     app_with(RedisStore::builder().cluster(cluster.urls()), mode, true).await
 }
 
-/// [`on_cluster`], or through a caller's pool on `cluster`.
+/// The store [`on_cluster`] makes, or one through a caller's pool on
+/// `cluster`, and the batched app on it.
 async fn on_cluster_or_pool(
     cluster: &support::redis_server::RedisCluster,
     mode: FailMode,
     pool: bool,
-) -> App {
-    match pool {
-        false => on_cluster(cluster, mode).await,
-        true => {
-            let pool = cluster_pool(cluster, None);
-            app_with(RedisStore::builder().cluster_pool(pool), mode, true).await
-        }
-    }
+) -> (App, RedisStore) {
+    let builder = match pool {
+        false => RedisStore::builder().cluster(cluster.urls()),
+        true => RedisStore::builder().cluster_pool(cluster_pool(cluster, None)),
+    };
+    let store = builder.timeout(DEADLINE).build().await.unwrap();
+    (app_on_store(store.clone(), mode, true), store)
 }
 
 /// [`app_with`] on a store built already.
@@ -967,15 +967,19 @@ async fn stalled_checks_are_not_charged(batched: bool, pause_ms: u64, requests: 
 async fn checks_a_cluster_master_runs_after_a_stall_are_not_charged() {
     for pool in [false, true] {
         let cluster = support::redis_server::RedisCluster::start();
-        let app = on_cluster_or_pool(&cluster, FailMode::Closed, pool).await;
-        stalled_master_does_not_charge(&cluster, &app).await;
+        let (app, store) = on_cluster_or_pool(&cluster, FailMode::Closed, pool).await;
+        stalled_master_does_not_charge(&cluster, &app, &store).await;
     }
 }
 
 /// See [`checks_a_cluster_master_runs_after_a_stall_are_not_charged`].
-async fn stalled_master_does_not_charge(cluster: &support::redis_server::RedisCluster, app: &App) {
+async fn stalled_master_does_not_charge(
+    cluster: &support::redis_server::RedisCluster,
+    app: &App,
+    store: &RedisStore,
+) {
     // (Each user has spent 1 of its 2 a minute.)
-    let (users, masters, stalled, paused) = stall_a_master(cluster, app, 1500).await;
+    let (users, masters, stalled, paused) = stall_a_master(cluster, app, Some(store), 1500).await;
     let victim = &users[0];
     let reply = app.get("/x", victim).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
@@ -1068,31 +1072,26 @@ async fn decided_spread(
 }
 
 /// Twelve users spread over `cluster`'s masters, each decided once through
-/// `app`, and the master of each; then the first user's master paused
-/// (`CLIENT PAUSE`) for `ms`: its index, and when the pause began.
+/// `app`, and the master of each; then, once `store` (`app`'s, when its
+/// checks' deadlines matter) knows every master's clock, the first user's
+/// master paused (`CLIENT PAUSE`) for `ms`: its index, and when the pause
+/// began.
 async fn stall_a_master(
     cluster: &support::redis_server::RedisCluster,
     app: &App,
+    store: Option<&RedisStore>,
     ms: u64,
 ) -> (Vec<String>, Vec<usize>, usize, Instant) {
     let (users, masters) = decided_spread(cluster, app).await;
     let stalled = masters[0];
-    // (Once the store has read the masters' clocks: checks carry no
-    // deadline before, and a reading may take longer than a check on a
-    // busy machine. It reads them all at once, and one more `TIME` on a
-    // connection it makes goes to any of them: every master asked, then
-    // time for the replies to arrive.)
+    // (Checks carry no deadline before, and on a busy machine a reading
+    // may come after the checks above. A `TIME` counted by a master tells
+    // nothing: every script reads the clock.)
     let started = Instant::now();
-    while !cluster
-        .nodes
-        .iter()
-        .filter(|n| n.cli(&["role"]).starts_with("master"))
-        .all(|n| n.cli(&["info", "commandstats"]).contains("cmdstat_time:"))
-    {
+    while store.is_some_and(|s| !s.deadlines_known()) {
         assert!(started.elapsed() < Duration::from_secs(5), "no clock read");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let ms = ms.to_string();
     assert_eq!(
         cluster.nodes[stalled].cli(&["client", "pause", &ms, "all"]),
@@ -1137,7 +1136,7 @@ async fn decided_around_a_stalled_master(
 async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
     let cluster = support::redis_server::RedisCluster::start();
     let warm = on_cluster(&cluster, FailMode::Open).await;
-    let (users, masters, stalled, paused) = stall_a_master(&cluster, &warm, 8000).await;
+    let (users, masters, stalled, paused) = stall_a_master(&cluster, &warm, None, 8000).await;
     let app = on_cluster(&cluster, FailMode::Closed).await;
     decided_around_a_stalled_master(&app, &users, &masters, stalled).await;
     assert!(
@@ -1158,8 +1157,8 @@ async fn a_store_made_while_a_cluster_master_stalls_decides_on_the_others() {
 async fn a_stalled_cluster_master_sends_only_its_own_budgets_to_the_fallback() {
     for pool in [false, true] {
         let cluster = support::redis_server::RedisCluster::start();
-        let app = on_cluster_or_pool(&cluster, FailMode::Fallback, pool).await;
-        only_the_stalled_master_s_budgets_fall_back(&cluster, &app).await;
+        let (app, store) = on_cluster_or_pool(&cluster, FailMode::Fallback, pool).await;
+        only_the_stalled_master_s_budgets_fall_back(&cluster, &app, &store).await;
     }
 }
 
@@ -1167,9 +1166,10 @@ async fn a_stalled_cluster_master_sends_only_its_own_budgets_to_the_fallback() {
 async fn only_the_stalled_master_s_budgets_fall_back(
     cluster: &support::redis_server::RedisCluster,
     app: &App,
+    store: &RedisStore,
 ) {
     // (Each user has spent 1 of its 2 a minute on Redis.)
-    let (users, masters, stalled, paused) = stall_a_master(cluster, app, 8000).await;
+    let (users, masters, stalled, paused) = stall_a_master(cluster, app, Some(store), 8000).await;
     let reply = app.get("/x", &users[0]).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_eq!(
@@ -1210,7 +1210,7 @@ async fn a_cluster_pool_keeps_its_client_while_one_master_stalls() {
         true,
     )
     .await;
-    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, 8000).await;
+    let (users, masters, stalled, paused) = stall_a_master(&cluster, &app, None, 8000).await;
     // Five timeouts in a row on the stalled master's first user.
     for _ in 0..5 {
         let reply = app.get("/x", &users[0]).await;
@@ -1573,7 +1573,7 @@ async fn a_cluster_pool_stops_asking_for_a_client_once_its_own_answers_again() {
         true,
     )
     .await;
-    let (users, _, _, paused) = stall_a_master(&cluster, &app, 1500).await;
+    let (users, _, _, paused) = stall_a_master(&cluster, &app, None, 1500).await;
     // Timeouts in a row on the stalled master's user: the store asks the
     // pool for another client.
     for _ in 0..4 {

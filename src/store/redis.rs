@@ -755,8 +755,9 @@ fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
 }
 
 /// The server's clock as seen from here: its offset from this process's
-/// monotonic clock, read with `TIME` when a connection is made and every
-/// few seconds after. A check carries its deadline on the server's clock
+/// monotonic clock, read with `TIME` when a connection is made, every
+/// few seconds after, and at once when a check finds it unknown (see
+/// `Lazy::want_clock`). A check carries its deadline on the server's clock
 /// (in the sign of its `now`, see `scripts/prelude.lua`), so that Redis,
 /// stalled past it (a fork, a long command, a paused process), refuses the
 /// check instead of recording a request the layer already answered by its
@@ -877,7 +878,18 @@ impl ServerClock {
         &self,
         time: impl Future<Output = RedisResult<(i64, i64)>>,
     ) -> RedisResult<()> {
-        let generation = self.generation.load(Ordering::Acquire);
+        self.read_since(self.generation.load(Ordering::Acquire), time)
+            .await
+    }
+
+    /// [`read_by`](Self::read_by), for a reading asked for while the
+    /// clock's generation was `generation` (one asked for before a doubt
+    /// is not kept, though its task runs after).
+    async fn read_since(
+        &self,
+        generation: u64,
+        time: impl Future<Output = RedisResult<(i64, i64)>>,
+    ) -> RedisResult<()> {
         let sent = Instant::now();
         let (secs, micros) = time.await?;
         let received = Instant::now();
@@ -935,6 +947,11 @@ impl ServerClock {
             .saturating_add(reading.offset)
             .saturating_add(saturating_i64(after));
         Some((at | 0x7ff).saturating_add(1))
+    }
+
+    /// Whether a reading is known (see [`deadline`](Self::deadline)).
+    fn known(&self) -> bool {
+        self.reading.load().is_some()
     }
 
     /// Asks for a new reading (a check was refused as late while this
@@ -2223,15 +2240,31 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             self.read_clocks_behind(self.ready_timeout);
             return;
         }
-        // (No connection: the reconnect reads it as it connects.)
+        // (No connection: the reconnect reads it as it connects. One
+        // reading at a time: a server that hangs is not sent another every
+        // turn.)
         let (Ok(runtime), Some(mut conn)) = (tokio::runtime::Handle::try_current(), self.get())
         else {
             return;
         };
-        let clock = Arc::clone(&self.clock);
+        if self.reading_clocks.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let generation = self.clock.generation.load(Ordering::Acquire);
+        let this = Arc::clone(self);
         let patience = self.ready_timeout.max(CLOCK_PATIENCE);
         runtime.spawn(async move {
-            let _ = tokio::time::timeout(patience, clock.read(&mut conn)).await;
+            let cmd = redis::cmd("TIME");
+            let time = cmd.query_async(&mut conn);
+            let read = tokio::time::timeout(patience, this.clock.read_since(generation, time));
+            // (A server that refuses `TIME` is asked again only as the
+            // upkeep reads the clock, once a second, not at every turn.)
+            if let Ok(Err(_)) = read.await {
+                let later = this.micros(tokio::time::Instant::now())
+                    + u64::try_from(CLOCK_READ_EVERY.as_micros()).unwrap_or(u64::MAX);
+                this.clock_wanted_at.store(later, Ordering::Relaxed);
+            }
+            this.reading_clocks.store(false, Ordering::Release);
         });
     }
 
@@ -3604,6 +3637,36 @@ impl RedisStore {
                     .collect()
             }),
             _ => Vec::new(),
+        }
+    }
+
+    /// Whether a check sent now carries its deadline on the server's clock
+    /// (see the module's "Deadline and failures"): the clock has been read
+    /// on the connection in use, and on a Cluster the clock of every master
+    /// its slots name (but [held](Self::held_masters) ones, whose checks
+    /// fail at once). `false` before, and after a refusal as late until the
+    /// clock is read again (the next check asks for that at once), or for
+    /// good with a server or proxy that refuses `TIME`. A check without a
+    /// deadline that a stalled server runs after the layer answered it by
+    /// its fail mode is still recorded: a readiness probe may wait for
+    /// this.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), tower_ratelimit::StoreError> {
+    /// use tower_ratelimit::store::redis::RedisStore;
+    ///
+    /// let store = RedisStore::builder().url("redis://127.0.0.1:6379").build().await?;
+    /// if !store.deadlines_known() {
+    ///     eprintln!("redis's clock is not read yet: a stalled server may charge requests answered by the fail mode");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn deadlines_known(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Direct(lazy) => lazy.clock.known(),
+            Backend::Pool(lazy) => lazy.clock.known(),
+            Backend::Cluster(lazy) => lazy.masters().is_some_and(|w| w.clocks_known()),
+            Backend::ClusterPool(lazy) => lazy.masters().is_some_and(|w| w.clocks_known()),
         }
     }
 
@@ -5504,29 +5567,33 @@ mod tests {
     /// A check that finds the server's clock unknown (here doubted, as
     /// after a refusal as late) has it read at once, not at the upkeep's
     /// next tick, a second on: four times in a row, each reading within
-    /// 250 ms of its check, where the ticks would meet at most two of the
-    /// four.
+    /// 400 ms of its check, where the ticks would meet one of the four at
+    /// most (the next doubt comes 300 ms after a reading).
     #[tokio::test]
     async fn a_check_that_finds_the_clock_unknown_has_it_read_at_once() {
         let server = Throwaway::start();
+        // (A timeout a loaded machine does not miss.)
         let store = RedisStore::builder()
             .url(format!("redis://127.0.0.1:{}", server.1))
             .keepalive(None)
+            .timeout(Duration::from_secs(2))
             .build()
             .await
             .unwrap();
+        assert!(store.deadlines_known());
         let clock = &store.inner.clock;
         let windows = [Window::new(Duration::from_secs(60), 1_000).unwrap()];
         for nth in 0..4 {
             // (Past the last one's turn: see `CLOCK_WANTED_EVERY`.)
             tokio::time::sleep(CLOCK_WANTED_EVERY + Duration::from_millis(50)).await;
             clock.doubt();
+            assert!(!store.deadlines_known());
             let asked = Instant::now();
             let check = Check::new("api:alice", windows.to_vec());
             assert!(store.check(check).await.unwrap().allowed());
-            while clock.deadline(Instant::now(), Duration::ZERO).is_none() {
+            while !store.deadlines_known() {
                 assert!(
-                    asked.elapsed() < Duration::from_millis(250),
+                    asked.elapsed() < Duration::from_millis(400),
                     "reading {nth}: not read at once"
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;

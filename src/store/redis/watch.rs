@@ -309,6 +309,18 @@ impl Watch {
         due
     }
 
+    /// Whether the slots name a master, and every master they name has
+    /// its clock read, but the held ones (see `RedisStore::deadlines_known`).
+    pub(super) fn clocks_known(&self) -> bool {
+        let map = self.map.load();
+        !map.ranges.is_empty()
+            && map.ranges.iter().all(|&(_, _, node)| {
+                let domain = map.domains.get(node).copied().unwrap_or(0);
+                map.held.get(node) == Some(&true)
+                    || self.clock(domain).is_some_and(super::ServerClock::known)
+            })
+    }
+
     /// The master of failure domain `domain`, if the slots name one.
     pub(super) fn domain_node(&self, domain: u32) -> Option<Node> {
         let domains = self
