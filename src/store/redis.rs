@@ -913,8 +913,13 @@ impl ServerClock {
                 _ => Some(Arc::clone(&new)),
             }
         });
+        // (A doubt that came as it was stored: this one is forgotten, not
+        // a newer one read since.)
         if self.generation.load(Ordering::Acquire) != generation {
-            self.reading.store(None);
+            self.reading.rcu(|current| match current {
+                Some(kept) if Arc::ptr_eq(kept, &new) => None,
+                _ => current.clone(),
+            });
         }
         Ok(())
     }
@@ -2011,6 +2016,17 @@ struct Lazy<C> {
     probe_key: Arc<str>,
 }
 
+/// A reading of the server's clock under way (a round of a Cluster's
+/// masters', or one asked for by a check: see `Lazy::want_clock`): lets
+/// the next start when this one ends, however it ends.
+struct ClockRound<C>(Arc<Lazy<C>>);
+
+impl<C> Drop for ClockRound<C> {
+    fn drop(&mut self) {
+        self.0.reading_clocks.store(false, Ordering::Release);
+    }
+}
+
 /// What every connection of a store shares: its scripts, its reading of
 /// the server's clock, and the bound on a new connection's setup.
 #[derive(Clone)]
@@ -2227,7 +2243,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         }
         let now = self.micros(tokio::time::Instant::now());
         let last = self.clock_wanted_at.load(Ordering::Relaxed);
-        let every = u64::try_from(CLOCK_WANTED_EVERY.as_micros()).unwrap_or(u64::MAX);
+        let every = crate::clock::duration_micros(CLOCK_WANTED_EVERY);
         if (last != 0 && now.saturating_sub(last) < every)
             || self
                 .clock_wanted_at
@@ -2251,20 +2267,25 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
             return;
         }
         let generation = self.clock.generation.load(Ordering::Acquire);
-        let this = Arc::clone(self);
+        let round = ClockRound(Arc::clone(self));
         let patience = self.ready_timeout.max(CLOCK_PATIENCE);
         runtime.spawn(async move {
+            let this = &round.0;
             let cmd = redis::cmd("TIME");
             let time = cmd.query_async(&mut conn);
             let read = tokio::time::timeout(patience, this.clock.read_since(generation, time));
             // (A server that refuses `TIME` is asked again only as the
-            // upkeep reads the clock, once a second, not at every turn.)
-            if let Ok(Err(_)) = read.await {
-                let later = this.micros(tokio::time::Instant::now())
-                    + u64::try_from(CLOCK_READ_EVERY.as_micros()).unwrap_or(u64::MAX);
-                this.clock_wanted_at.store(later, Ordering::Relaxed);
+            // upkeep reads the clock, once a second, not at every turn; a
+            // slow or broken connection is no refusal.)
+            if let Ok(Err(e)) = read.await {
+                if !e.is_timeout() && !broken(&e) {
+                    let later = this
+                        .micros(tokio::time::Instant::now())
+                        .saturating_add(crate::clock::duration_micros(CLOCK_READ_EVERY));
+                    this.clock_wanted_at.store(later, Ordering::Relaxed);
+                }
             }
-            this.reading_clocks.store(false, Ordering::Release);
+            drop(round);
         });
     }
 
@@ -2280,20 +2301,13 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         self: &Arc<Self>,
         timeout: Duration,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        /// Lets the next round start when this one ends, however it ends.
-        struct Round<C>(Arc<Lazy<C>>);
-        impl<C> Drop for Round<C> {
-            fn drop(&mut self) {
-                self.0.reading_clocks.store(false, Ordering::Release);
-            }
-        }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         if self.masters()?.clocks_due().is_empty()
             || self.reading_clocks.swap(true, Ordering::AcqRel)
         {
             return None;
         }
-        let round = Round(Arc::clone(self));
+        let round = ClockRound(Arc::clone(self));
         Some(runtime.spawn(async move {
             round
                 .0
@@ -5599,6 +5613,23 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
+    }
+
+    /// A reading asked for before a doubt, which ends after a newer one
+    /// was read, is not kept, and leaves the newer one in use (before, it
+    /// erased it: the checks went without a deadline until the next).
+    #[tokio::test]
+    async fn a_reading_from_before_a_doubt_leaves_a_newer_one_alone() {
+        let clock = ServerClock::new();
+        let before = clock.generation.load(Ordering::Acquire);
+        clock.doubt();
+        clock.read_by(async { Ok((2_000, 0)) }).await.unwrap();
+        clock
+            .read_since(before, async { Ok((1_000, 0)) })
+            .await
+            .unwrap();
+        let deadline = clock.deadline(Instant::now(), Duration::ZERO).unwrap();
+        assert!(deadline >= 2_000_000_000, "{deadline}");
     }
 
     /// A reading of the server's clock slower than [`TRUSTED_READING`]
