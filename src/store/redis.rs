@@ -2238,7 +2238,8 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
     #[inline(never)]
     fn want_clock(self: &Arc<Self>) {
         // (A Cluster's own clock is not its checks': its masters' are.)
-        if !self.deadlines && self.masters().is_none() {
+        let cluster = self.masters().is_some();
+        if !self.deadlines && !cluster {
             return;
         }
         let now = self.micros(tokio::time::Instant::now());
@@ -2252,7 +2253,7 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
         {
             return;
         }
-        if self.masters().is_some() {
+        if cluster {
             self.read_clocks_behind(self.ready_timeout);
             return;
         }
@@ -3676,11 +3677,10 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn deadlines_known(&self) -> bool {
-        match &self.inner.backend {
-            Backend::Direct(lazy) => lazy.clock.known(),
-            Backend::Pool(lazy) => lazy.clock.known(),
-            Backend::Cluster(lazy) => lazy.masters().is_some_and(|w| w.clocks_known()),
-            Backend::ClusterPool(lazy) => lazy.masters().is_some_and(|w| w.clocks_known()),
+        match (self.inner.masters(), &self.inner.backend) {
+            (Some(watch), _) => watch.clocks_known(),
+            (None, Backend::Direct(_) | Backend::Pool(_)) => self.inner.clock.known(),
+            (None, _) => false,
         }
     }
 
