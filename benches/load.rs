@@ -200,8 +200,9 @@ struct Ceiling {
     /// The key's last part, as the store names it for the algorithm.
     suffix: &'static str,
     /// Whether the reply allows the request: the sliding log answers an
-    /// allowed check with 4 numbers (reset, then each window's remaining),
-    /// the counters with "allowed" first.
+    /// allowed check with 4 numbers (reset, then each window's remaining)
+    /// or, on its usual path, with the 12 it wrote (the new entry and the
+    /// log's trailer), the counters with "allowed" first.
     allowed: fn(&[u8]) -> bool,
 }
 
@@ -385,7 +386,7 @@ async fn serve(scenario: &str, port: u16, redis: &str) {
             let algorithm = redis_algorithm(scenario);
             let client = redis::Client::open(redis).unwrap();
             let (suffix, allowed): (_, fn(&[u8]) -> bool) = match algorithm {
-                Algorithm::SlidingLog => ("p3", |reply| reply.len() == 32),
+                Algorithm::SlidingLog => ("p3", |reply| matches!(reply.len(), 32 | 96)),
                 Algorithm::SlidingWindow => ("sw2", first_is_one),
                 Algorithm::FixedWindow => ("fw2", first_is_one),
                 _ => ("tb2", first_is_one),

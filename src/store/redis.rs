@@ -4556,12 +4556,16 @@ fn word(n: i64) -> [u8; 8] {
 /// `scripts/prelude.lua`): allowed, retry (µs), reset (µs), blocked, then
 /// the remaining of every window. The straight-line sliding log answers an
 /// allowed check with reset and the remaining alone (allowed, no wait, not
-/// blocked: three numbers it need not pack).
+/// blocked: three numbers it need not pack), and the usual allowed check
+/// with what it wrote over the log's trailer ([`decode_written`]).
 fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
     let global = check.global.as_ref().map(|g| &g.windows[..]).unwrap_or(&[]);
     let count = check.windows.len() + global.len();
-    let allowed_only =
-        ScriptKind::of(check) == ScriptKind::PackedLog && reply.len() == 8 * (1 + count);
+    let packed_log = ScriptKind::of(check) == ScriptKind::PackedLog;
+    if packed_log && reply.len() == 8 * (6 + 2 * count) {
+        return decode_written(&check.windows, reply);
+    }
+    let allowed_only = packed_log && reply.len() == 8 * (1 + count);
     if !allowed_only && reply.len() != 8 * (4 + count) {
         return Err(unexpected(reply));
     }
@@ -4590,6 +4594,64 @@ fn decode(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> {
         micros(reset),
         states,
     ))
+}
+
+/// The straight-line sliding log's reply to the usual allowed check (one
+/// entry appended; see `scripts/straight_packed_log.lua`): the bytes it
+/// wrote over the log's old trailer, the new entry then the new trailer:
+/// per window its first entry's index and that entry, then the log's size,
+/// the script's clock, the TTL's end, where the log starts and the
+/// windows' fingerprint. The report is worked out here as the script's
+/// end would: a window counts the entries from its first to the last
+/// (an upper bound for a window the script did not search, which it
+/// leaves so only when that cannot be the fewest remaining), and the
+/// window with the fewest remaining (on a tie, the shorter, then the
+/// first) resets when its first entry leaves it. Redis packs no reply
+/// and works none of it out: about a tenth of a check's instructions
+/// (`benches/HISTORY.md`, round 51). An allowed check counts at least its
+/// own entry and at most its limit in every window; numbers that do not
+/// are an error, not a report.
+fn decode_written(windows: &[Window], reply: &[u8]) -> Result<Decision, StoreError> {
+    let mut numbers = words(reply).skip(1);
+    let mut firsts = ArrayVec::<(i64, i64), MAX_WINDOWS>::new();
+    for _ in windows {
+        let first = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+        if firsts.try_push(first).is_err() {
+            return Err(unexpected(reply));
+        }
+    }
+    let size = numbers.next().unwrap_or(0);
+    let now = numbers.next().unwrap_or(0);
+    let mut states = ArrayVec::<WindowState, MAX_WINDOWS>::new();
+    let (mut least, mut shortest, mut reset) = (u32::MAX, u64::MAX, 0);
+    for (w, &(index, oldest)) in windows.iter().zip(&firsts) {
+        let count = size.saturating_add(1).saturating_sub(index);
+        let remaining = i64::from(w.limit()).saturating_sub(count);
+        let Ok(remaining) = u32::try_from(remaining) else {
+            return Err(not_following());
+        };
+        if count < 1 {
+            return Err(not_following());
+        }
+        if remaining < least || (remaining == least && w.micros() < shortest) {
+            (least, shortest) = (remaining, w.micros());
+            reset = oldest
+                .saturating_add(saturating_i64(w.micros()))
+                .saturating_sub(now);
+        }
+        let _ = states.try_push(WindowState::new(*w, remaining));
+    }
+    let reset = Duration::from_micros(u64::try_from(reset).unwrap_or(0));
+    Ok(Decision::new(true, Some(Duration::ZERO), reset, states))
+}
+
+/// A script's reply whose decision does not follow from the numbers it
+/// returned with it.
+fn not_following() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Backend,
+        "the script's decision does not follow from the state it returned",
+    )
 }
 
 /// A straight-line counter script's reply (fixed window, sliding window,
@@ -4645,10 +4707,7 @@ fn decode_counters(check: &Check, reply: &[u8]) -> Result<Decision, StoreError> 
     }
     let (decision, _) = report(&mut state, windows, check.cost, now, true);
     if decision.allowed() != allowed {
-        return Err(StoreError::new(
-            StoreErrorKind::Backend,
-            "the script's decision does not follow from the state it returned",
-        ));
+        return Err(not_following());
     }
     Ok(decision)
 }
@@ -5504,6 +5563,43 @@ mod tests {
             .with_algorithm(Algorithm::FixedWindow)
             .with_block(Duration::from_secs(1));
         assert!(decode(&general, &packed(&[250_000, 9, 4])).is_err());
+    }
+
+    #[test]
+    fn the_packed_logs_written_trailer_decodes_as_its_report() {
+        // 1 s / 10 and 60 s / 100; 40 entries, the second's from index 36
+        // (5 entries, its oldest at 9.4 s), the minute's from index 1
+        // (40, its oldest at 0.5 s); the clock at 10 s.
+        let windows =
+            [(1, 10), (60, 100)].map(|(s, n)| Window::new(Duration::from_secs(s), n).unwrap());
+        let check = Check::new("api:alice", windows.to_vec());
+        let trailer = |second: i64, minute: i64| {
+            let (size, now) = (40, 10_000_000);
+            packed(&[now, second, 9_400_000, minute, 500_000, size, now, 0, 1, 7])
+        };
+        let decision = decode(&check, &trailer(36, 1)).unwrap();
+        assert!(decision.allowed());
+        assert_eq!(decision.retry_after(), None);
+        let remaining: Vec<u32> = decision.windows().iter().map(|w| w.remaining).collect();
+        assert_eq!(remaining, [5, 60]);
+        // The second's, the fewest remaining, resets when its oldest entry
+        // leaves it: at 10.4 s.
+        assert_eq!(decision.reset_after(), Duration::from_millis(400));
+        // The same as the script's own reply for that state says.
+        let reply = decode(&check, &packed(&[400_000, 5, 60])).unwrap();
+        assert_eq!(format!("{decision:?}"), format!("{reply:?}"));
+        // A tie goes to the shorter window: 5 left in each (the minute's
+        // would reset in 50.5 s).
+        let tie = decode(&check, &trailer(36, -54)).unwrap();
+        assert_eq!(tie.reset_after(), Duration::from_millis(400));
+        let minute = decode(&check, &trailer(38, -54)).unwrap();
+        assert_eq!(minute.reset_after(), Duration::from_millis(50_500));
+        // An allowed check past a window's limit, or not counted in one,
+        // does not follow: an error, not a report.
+        for first in [-20, 41, 42] {
+            let error = decode(&check, &trailer(first, 1)).unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Backend, "{first}");
+        }
     }
 
     /// A throwaway `redis-server` on a free loopback port, killed when
