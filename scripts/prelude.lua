@@ -31,7 +31,8 @@
 -- route-wide one). (The straight-line
 -- counter scripts answer otherwise: allowed, now, then the state they
 -- left; see straight_fixed_window.lua. The packed sliding log answers an
--- allowed request with reset_us and the remaining alone.) All or nothing: a
+-- allowed request with reset_us and the remaining alone, or, on its usual
+-- path, with the bytes it wrote: see straight_packed_log.lua.) All or nothing: a
 -- request is recorded in every window of both budgets, or in none.
 --
 -- All arithmetic stays on integers below 2^53 (exact in Lua's doubles), and
