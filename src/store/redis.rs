@@ -4623,8 +4623,7 @@ fn decode_written(windows: &[Window], reply: &[u8]) -> Result<Decision, StoreErr
     let size = numbers.next().unwrap_or(0);
     let now = numbers.next().unwrap_or(0);
     let mut states = ArrayVec::<WindowState, MAX_WINDOWS>::new();
-    let (mut least, mut shortest, mut reset) = (u32::MAX, u64::MAX, 0);
-    for (w, &(index, oldest)) in windows.iter().zip(&firsts) {
+    for (w, &(index, _)) in windows.iter().zip(&firsts) {
         let count = size.saturating_add(1).saturating_sub(index);
         let remaining = i64::from(w.limit()).saturating_sub(count);
         let Ok(remaining) = u32::try_from(remaining) else {
@@ -4633,14 +4632,16 @@ fn decode_written(windows: &[Window], reply: &[u8]) -> Result<Decision, StoreErr
         if count < 1 {
             return Err(not_following());
         }
-        if remaining < least || (remaining == least && w.micros() < shortest) {
-            (least, shortest) = (remaining, w.micros());
-            reset = oldest
-                .saturating_add(saturating_i64(w.micros()))
-                .saturating_sub(now);
-        }
         let _ = states.try_push(WindowState::new(*w, remaining));
     }
+    let fewest = super::constraining(states.iter().map(|s| (s.remaining, s.window().micros())));
+    let reset = fewest
+        .and_then(|i| Some((windows.get(i)?, firsts.get(i)?.1)))
+        .map_or(0, |(w, oldest)| {
+            oldest
+                .saturating_add(saturating_i64(w.micros()))
+                .saturating_sub(now)
+        });
     let reset = Duration::from_micros(u64::try_from(reset).unwrap_or(0));
     Ok(Decision::new(true, Some(Duration::ZERO), reset, states))
 }
