@@ -1337,22 +1337,58 @@ struct Batcher {
 
 /// One check waiting in a batch.
 struct Job {
-    cmd: redis::Cmd,
-    /// The batch script that may run it with others of its kind
-    /// ([`Scripts::batch_of`]).
-    batch: Option<u8>,
+    call: Call,
     reply: Reply,
     /// When the check's deadline ends: counted from when it was queued, so
     /// the wait in the queue is inside it.
     due: tokio::time::Instant,
 }
 
+/// What a queued check sends.
+enum Call {
+    /// A command of its own.
+    Own(redis::Cmd),
+    /// A check that a batch script may run with others of its kind
+    /// ([`Scripts::batch_of`]: one key, one argument), kept as the check
+    /// itself (two reference counts, no allocation): its command is
+    /// written only if it goes alone, and its key and numbers are written
+    /// straight into its batch's call otherwise.
+    Batchable {
+        check: Check,
+        kind: u8,
+        /// Its deadline on the server's clock (see [`each_script_number`]).
+        deadline: Option<i64>,
+    },
+}
+
+impl Call {
+    /// The command that sends this check alone.
+    fn command(&self, prefix: &str, scripts: &Scripts) -> std::borrow::Cow<'_, redis::Cmd> {
+        match self {
+            Call::Own(cmd) => std::borrow::Cow::Borrowed(cmd),
+            Call::Batchable {
+                check, deadline, ..
+            } => std::borrow::Cow::Owned(eval_cmd(prefix, scripts.get(check), check, *deadline)),
+        }
+    }
+
+    /// [`command`](Self::command), owned.
+    fn into_command(self, prefix: &str, scripts: &Scripts) -> redis::Cmd {
+        match self {
+            Call::Own(cmd) => cmd,
+            Call::Batchable {
+                check, deadline, ..
+            } => eval_cmd(prefix, scripts.get(&check), &check, deadline),
+        }
+    }
+}
+
 /// Where a check's answer goes.
 type Reply = tokio::sync::oneshot::Sender<Result<Vec<u8>, StoreError>>;
 
 /// Whom one command of a batch's pipeline answers: one check (its own
-/// command), or several of one kind (their batch script's call; their
-/// own commands are kept for a server that refuses it).
+/// command), or several of one kind (their batch script's call; the
+/// checks are kept, to go one command each to a server that refuses it).
 enum Answer {
     One(Reply),
     Many(Vec<Job>),
@@ -1379,14 +1415,16 @@ const MAX_BATCH: usize = 256;
 const MAX_PER_CALL: usize = 64;
 
 impl Batcher {
-    /// Starts the batching task on the current runtime (none outside one).
-    fn spawn<C>(lazy: &Arc<Lazy<C>>, deadline: Duration) -> Option<Self>
+    /// Starts the batching task on the current runtime (none outside one),
+    /// for a store whose keys start with `prefix`.
+    fn spawn<C>(lazy: &Arc<Lazy<C>>, deadline: Duration, prefix: &str) -> Option<Self>
     where
         C: AskAgain + Clone + Send + Sync + 'static,
     {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (jobs, queue) = tokio::sync::mpsc::unbounded_channel();
-        runtime.spawn(batch_loop(Arc::downgrade(lazy), queue, deadline));
+        let prefix = Arc::from(prefix);
+        runtime.spawn(batch_loop(Arc::downgrade(lazy), queue, deadline, prefix));
         Some(Self {
             jobs,
             runtime: runtime.id(),
@@ -1398,23 +1436,13 @@ impl Batcher {
         tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.runtime)
     }
 
-    /// Queues `cmd` and waits for its reply. The batch's deadline, which
+    /// Queues `call` and waits for its reply. The batch's deadline, which
     /// ends with its earliest check's, bounds the wait: a batch always
     /// answers every check it holds.
-    async fn invoke(
-        &self,
-        cmd: redis::Cmd,
-        batch: Option<u8>,
-        deadline: Duration,
-    ) -> Result<Vec<u8>, StoreError> {
+    async fn invoke(&self, call: Call, deadline: Duration) -> Result<Vec<u8>, StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let due = tokio::time::Instant::now() + deadline;
-        let job = Job {
-            cmd,
-            batch,
-            reply,
-            due,
-        };
+        let job = Job { call, reply, due };
         if self.jobs.send(job).is_err() {
             // (The batching task is gone: its runtime shut down.)
             return Err(not_connected());
@@ -1432,6 +1460,7 @@ async fn batch_loop<C>(
     lazy: std::sync::Weak<Lazy<C>>,
     mut queue: tokio::sync::mpsc::UnboundedReceiver<Job>,
     deadline: Duration,
+    prefix: Arc<str>,
 ) where
     C: AskAgain + Clone + Send + Sync + 'static,
 {
@@ -1446,7 +1475,7 @@ async fn batch_loop<C>(
         }
         let batch = std::mem::take(&mut jobs);
         let Some(lazy) = lazy.upgrade() else { return };
-        tokio::spawn(send_batch(lazy, batch, deadline));
+        tokio::spawn(send_batch(lazy, batch, deadline, Arc::clone(&prefix)));
     }
 }
 
@@ -1456,7 +1485,7 @@ async fn batch_loop<C>(
 /// and not sent. The connection's health is observed once per batch, and
 /// a timeout counts against it only when Redis had at least half the
 /// deadline (a runtime too busy to send in time is not Redis's fault).
-async fn send_batch<C>(lazy: Arc<Lazy<C>>, mut jobs: Vec<Job>, deadline: Duration)
+async fn send_batch<C>(lazy: Arc<Lazy<C>>, mut jobs: Vec<Job>, deadline: Duration, prefix: Arc<str>)
 where
     C: AskAgain + Clone + Send + Sync + 'static,
 {
@@ -1493,7 +1522,8 @@ where
     if jobs.len() == 1 {
         // A check alone: sent as the command it is (no pipeline, no lists).
         for job in jobs {
-            let sent = tokio::time::timeout_at(due, run_one(&lazy, &mut conn, &job.cmd)).await;
+            let cmd = job.call.command(&prefix, &lazy.scripts);
+            let sent = tokio::time::timeout_at(due, run_one(&lazy, &mut conn, &cmd)).await;
             let result = match sent {
                 Ok(result) => {
                     lazy.observe(&result, started);
@@ -1508,8 +1538,9 @@ where
         }
         return;
     }
-    let (pipe, answers) = pipeline(&lazy, jobs);
-    let sent = tokio::time::timeout_at(due, run_batch(&lazy, &mut conn, &pipe, &answers)).await;
+    let (pipe, answers) = pipeline(&lazy, &prefix, jobs);
+    let sent =
+        tokio::time::timeout_at(due, run_batch(&lazy, &prefix, &mut conn, &pipe, &answers)).await;
     match sent {
         Ok(Ok((results, health))) => {
             lazy.observe::<()>(&health.map_or(Ok(()), Err), started);
@@ -1564,29 +1595,32 @@ fn late(jobs: &mut Vec<Job>, now: tokio::time::Instant) {
 /// checks of one kind keep their order; checks of different kinds, which
 /// came at the same moment, may run in another order than they were
 /// queued, each atomically.)
-fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>) {
+fn pipeline<C>(lazy: &Lazy<C>, prefix: &str, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>) {
     let combine = lazy.combine.load(Ordering::Relaxed);
     let mut pipe = redis::Pipeline::with_capacity(jobs.len());
     let mut answers = Vec::with_capacity(jobs.len());
     let mut kinds: Vec<(u8, Vec<Job>)> = Vec::new();
     for job in jobs {
-        match job.batch.filter(|_| combine) {
-            Some(kind) => match kinds
-                .iter_mut()
-                .find(|(k, same)| *k == kind && same.len() < MAX_PER_CALL)
-            {
-                Some((_, same)) => same.push(job),
-                None => kinds.push((kind, vec![job])),
-            },
-            None => {
-                pipe.add_command(job.cmd);
+        match &job.call {
+            Call::Batchable { kind, .. } if combine => {
+                let kind = *kind;
+                match kinds
+                    .iter_mut()
+                    .find(|(k, same)| *k == kind && same.len() < MAX_PER_CALL)
+                {
+                    Some((_, same)) => same.push(job),
+                    None => kinds.push((kind, vec![job])),
+                }
+            }
+            _ => {
+                pipe.add_command(job.call.into_command(prefix, &lazy.scripts));
                 answers.push(Answer::One(job.reply));
             }
         }
     }
     for (kind, same) in kinds {
         let call = match (same.len(), lazy.scripts.batched(kind)) {
-            (2.., Some(script)) => batch_call(script, &same),
+            (2.., Some(script)) => batch_call(script, prefix, &same),
             _ => None,
         };
         match call {
@@ -1596,7 +1630,7 @@ fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>)
             }
             None => {
                 for job in same {
-                    pipe.add_command(job.cmd);
+                    pipe.add_command(job.call.into_command(prefix, &lazy.scripts));
                     answers.push(Answer::One(job.reply));
                 }
             }
@@ -1605,49 +1639,60 @@ fn pipeline<C>(lazy: &Lazy<C>, jobs: Vec<Job>) -> (redis::Pipeline, Vec<Answer>)
     (pipe, answers)
 }
 
-/// One call of `script` for the checks of `jobs` (each an `EVALSHA` of
-/// one key and one argument): their keys, then each run of checks with the
-/// same numbers as those numbers and the run's length
-/// (`scripts/batched.lua`). The checks keep their order (two of one key
-/// must run in the order they came), so numbers that alternate go once per
-/// run. `None` if a command is not of that shape.
-fn batch_call(script: &Script, jobs: &[Job]) -> Option<redis::Cmd> {
-    let parts: Vec<(&[u8], &[u8])> = jobs
-        .iter()
-        .map(|job| key_and_numbers(&job.cmd))
-        .collect::<Option<_>>()?;
-    let mut runs: Vec<(&[u8], usize)> = Vec::with_capacity(1);
-    for (_, numbers) in &parts {
+/// A batchable check's one argument (see [`ScriptArgs`]), on the stack;
+/// `None` past its room (more windows than a batch script has).
+fn batch_numbers(check: &Check, deadline: Option<i64>) -> Option<BatchNumbers> {
+    let mut numbers = BatchNumbers::new();
+    let mut fits = true;
+    each_script_number(check, deadline, |n| {
+        fits &= numbers.try_extend_from_slice(&word(n)).is_ok();
+    });
+    fits.then_some(numbers)
+}
+
+/// Room for a batchable check's numbers: up to 8 fixed ones and two per
+/// window, [`STRAIGHT_MAX_WINDOWS`] of them.
+type BatchNumbers = arrayvec::ArrayVec<u8, { 8 * (8 + 2 * STRAIGHT_MAX_WINDOWS) }>;
+
+/// One call of `script` for the checks of `jobs` (each a batchable check:
+/// one key and one argument), written straight from the checks: their
+/// keys, then each run of checks with the same numbers as those numbers
+/// and the run's length (`scripts/batched.lua`). The checks keep their
+/// order (two of one key must run in the order they came), so numbers that
+/// alternate go once per run. `None` if a check is not of that shape.
+fn batch_call(script: &Script, prefix: &str, jobs: &[Job]) -> Option<redis::Cmd> {
+    let mut runs: Vec<(BatchNumbers, usize)> = Vec::with_capacity(1);
+    let mut key_bytes = 0;
+    for job in jobs {
+        let Call::Batchable {
+            check, deadline, ..
+        } = &job.call
+        else {
+            return None;
+        };
+        let numbers = batch_numbers(check, *deadline)?;
+        key_bytes += prefix.len() + check.budget.len() + 24;
         match runs.last_mut() {
-            Some((same, count)) if same == numbers => *count += 1,
+            Some((same, count)) if *same == numbers => *count += 1,
             _ => runs.push((numbers, 1)),
         }
     }
-    let bytes: usize = parts.iter().map(|(k, _)| k.len() + 16).sum::<usize>()
-        + runs.iter().map(|(n, _)| n.len() + 32).sum::<usize>();
-    let mut call = redis::Cmd::with_capacity(3 + parts.len() + 2 * runs.len(), 64 + bytes);
-    call.arg("EVALSHA").arg(script.get_hash()).arg(parts.len());
-    for (key, _) in &parts {
-        call.arg(*key);
+    let bytes = key_bytes + runs.iter().map(|(n, _)| n.len() + 32).sum::<usize>();
+    let mut call = redis::Cmd::with_capacity(3 + jobs.len() + 2 * runs.len(), 64 + bytes);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(jobs.len());
+    for job in jobs {
+        if let Call::Batchable { check, .. } = &job.call {
+            call.arg(KeyArg {
+                prefix,
+                check,
+                kind: KeyKind::State,
+            });
+        }
     }
     for (numbers, count) in runs {
-        call.arg(numbers).arg(count);
+        call.arg(&numbers[..]).arg(count);
     }
     Some(call)
-}
-
-/// The key and the argument of an `EVALSHA` of one key and one argument.
-fn key_and_numbers(cmd: &redis::Cmd) -> Option<(&[u8], &[u8])> {
-    let mut args = cmd.args_iter().skip(2);
-    match (args.next(), args.next(), args.next(), args.next()) {
-        (
-            Some(redis::Arg::Simple(b"1")),
-            Some(redis::Arg::Simple(key)),
-            Some(redis::Arg::Simple(numbers)),
-            None,
-        ) => Some((key, numbers)),
-        _ => None,
-    }
 }
 
 /// One command's reply, sent again once the scripts are loaded if Redis
@@ -1674,6 +1719,7 @@ async fn run_one<C: AskAgain + Clone>(
 /// health.
 async fn run_batch<C: ConnectionLike + Clone>(
     lazy: &Lazy<C>,
+    prefix: &str,
     conn: &mut C,
     pipe: &redis::Pipeline,
     answers: &[Answer],
@@ -1691,7 +1737,7 @@ async fn run_batch<C: ConnectionLike + Clone>(
                     lazy.combine.store(false, Ordering::Relaxed);
                     let mut each = redis::Pipeline::with_capacity(jobs.len());
                     for job in jobs {
-                        each.add_command(job.cmd.clone());
+                        each.add_command(job.call.command(prefix, &lazy.scripts).into_owned());
                     }
                     // (A failed second try answers only these checks.)
                     match run_pipeline(lazy, conn, &each).await {
@@ -3717,8 +3763,7 @@ impl RedisStore {
         if on_server.is_none() && clock.is_some() {
             inner.want_clock();
         }
-        let cmd = eval_cmd(&inner.prefix, script, &check, on_server);
-        let mut reply = inner.send(&check, cmd, inner.timeout).await?;
+        let mut reply = inner.send(&check, script, on_server, inner.timeout).await?;
         if reply.is_empty() {
             // Refused as late while this process still waits: the clock's
             // reading is off for this check (a clock stepped; on a Cluster,
@@ -3771,14 +3816,17 @@ impl Inner {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    /// Sends a check's script call, bounded by `deadline`: its reply.
+    /// Sends a check's call of `script` (with its deadline on the server's
+    /// clock, `on_server`), bounded by `deadline`: its reply.
     async fn send(
         &self,
         check: &Check,
-        cmd: redis::Cmd,
+        script: &Script,
+        on_server: Option<i64>,
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
         let batch = Scripts::batch_of(check);
+        let cmd = || eval_cmd(&self.prefix, script, check, on_server);
         match (&self.batcher, &self.backend) {
             // A multiplexed connection's checks (the store's own or a
             // caller's pool's) go in batches, each under the store's
@@ -3791,18 +3839,28 @@ impl Inner {
                 if (batch.is_some() || check.algorithm != Algorithm::SlidingLog)
                     && batcher.here() =>
             {
-                batcher.invoke(cmd, batch, deadline).await
+                let call = match batch {
+                    // (The batch task writes its key and numbers, or its
+                    // command if it goes alone.)
+                    Some(kind) => Call::Batchable {
+                        check: check.clone(),
+                        kind,
+                        deadline: on_server,
+                    },
+                    None => Call::Own(cmd()),
+                };
+                batcher.invoke(call, deadline).await
             }
             // One check at a time: the connection's own response timeout
             // (the store's) bounds the call, no second timer per request.
-            (_, Backend::Direct(lazy)) => lazy.invoke(&cmd, deadline).await,
+            (_, Backend::Direct(lazy)) => lazy.invoke(&cmd(), deadline).await,
             // A Cluster client may retry, and a pool's connection was made
             // with the caller's response timeout, not the store's: the
             // store's deadline bounds them as a whole (and their futures
             // are boxed, see `invoke_bounded`).
-            (_, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
-            (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
-            (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd, deadline).await,
+            (_, Backend::Cluster(lazy)) => lazy.invoke_bounded(&cmd(), deadline).await,
+            (_, Backend::Pool(lazy)) => lazy.invoke_bounded(&cmd(), deadline).await,
+            (_, Backend::ClusterPool(lazy)) => lazy.invoke_bounded(&cmd(), deadline).await,
         }
     }
 }
@@ -5326,11 +5384,11 @@ impl RedisStoreBuilder {
         let batcher = match &backend {
             Backend::Direct(lazy) => {
                 lazy.combine.store(self.combine_checks, Ordering::Relaxed);
-                Batcher::spawn(lazy, self.timeout)
+                Batcher::spawn(lazy, self.timeout, &self.prefix)
             }
             Backend::Pool(lazy) => {
                 lazy.combine.store(self.combine_checks, Ordering::Relaxed);
-                Batcher::spawn(lazy, self.timeout)
+                Batcher::spawn(lazy, self.timeout, &self.prefix)
             }
             Backend::Cluster(_) | Backend::ClusterPool(_) => None,
         };
