@@ -656,6 +656,8 @@ fn reloads(
 ) -> impl Future<Output = ()> + Send + 'static {
     let path = args.config.clone();
     let every = Duration::from_millis(args.reload_check_ms);
+    let on_redis =
+        args.redis.is_some() || args.redis_sentinel.is_some() || args.redis_cluster.is_some();
     async move {
         let Some(path) = path else {
             // (A hang-up, as a reload script sends every server, does not
@@ -716,11 +718,16 @@ fn reloads(
             seen = None;
             // (Checked off the server's task: a large table takes a while,
             // and the server accepts connections meanwhile.)
+            let previous = rules.get();
             let checking = tokio::task::spawn_blocking(move || {
                 let checked = Config::from_toml(&text);
-                (checked, text)
+                let changes = match &checked {
+                    Ok(config) => config.rules().budget_changes(&previous),
+                    Err(_) => Vec::new(),
+                };
+                (checked, text, changes)
             });
-            let (checked, text) = match checking.await {
+            let (checked, text, changes) = match checking.await {
                 Ok(done) => done,
                 Err(e) => {
                     tracing::warn!("{}: {e}; keeping the running table", path.display());
@@ -746,12 +753,36 @@ fn reloads(
                         path.display(),
                         routes(config.rules().len())
                     );
+                    log_budget_changes(&changes, on_redis);
                     warn_about(&config);
                 }
                 Err(e) => tracing::warn!("{}: {e}; keeping the running table", path.display()),
             }
             last = Some(text);
         }
+    }
+}
+
+/// The most budget changes a reload lists one line each.
+const LISTED_CHANGES: usize = 20;
+
+/// Says which rules' budgets a reload did not carry over as they were (see
+/// `Rules::budget_changes`): who starts with a full budget, or with new
+/// windows empty. The Redis-only ones only on Redis.
+fn log_budget_changes(changes: &[tower_ratelimit::rules::BudgetChange], on_redis: bool) {
+    use tower_ratelimit::rules::BudgetChangeKind;
+    let shown: Vec<_> = changes
+        .iter()
+        .filter(|c| on_redis || c.kind != BudgetChangeKind::RedisKeys)
+        .collect();
+    for change in shown.iter().take(LISTED_CHANGES) {
+        tracing::info!("budgets: {change}");
+    }
+    if shown.len() > LISTED_CHANGES {
+        tracing::info!(
+            "budgets: and {} more changes like these",
+            shown.len() - LISTED_CHANGES
+        );
     }
 }
 

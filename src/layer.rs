@@ -136,6 +136,8 @@ impl ReloadableRules {
     /// builder fail on a bad one, and the running table stays.) A table
     /// set again (one [`get`](Self::get) returned before) is a table of its
     /// own: no denial cached under it before is served again.
+    /// [`Rules::budget_changes`] says, for a log, which budgets the swap
+    /// does not carry over as they were.
     pub fn set(&self, rules: Rules) {
         self.0.store(Arc::new(rules.renumbered()));
     }

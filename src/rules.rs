@@ -54,6 +54,9 @@ use crate::error::{
 };
 use crate::key;
 
+mod changes;
+pub use changes::{BudgetChange, BudgetChangeKind};
+
 /// The most windows one rule may have.
 pub const MAX_WINDOWS: usize = 8;
 

@@ -1050,6 +1050,22 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
     until_limit(addr, "7").await;
     log.until(&format!("INFO reloaded {}: 1 route\n", file.path()))
         .await;
+    // (A route the previous table did not have: its budgets are new.)
+    log.until("INFO budgets: route `^/a`, group `default`: its budgets start full (no rule of the previous table counted them)\n")
+        .await;
+    // Another algorithm: said; a limit changed: nothing to say.
+    rewrite(
+        &file,
+        "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 8, algorithm = \"token-bucket\" }]\n",
+    );
+    until_limit(addr, "8").await;
+    log.until("INFO budgets: route `^/a`, group `default`: its budgets start full (sliding-log before, token-bucket now; a change back finds the earlier ones)\n")
+        .await;
+    rewrite(
+        &file,
+        "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 9, algorithm = \"token-bucket\" }]\n",
+    );
+    until_limit(addr, "9").await;
 
     // A file that cannot be read, seen by the watcher (no SIGHUP): reported
     // once, the running table kept.
@@ -1059,7 +1075,13 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
         file.path()
     ))
     .await;
-    until_limit(addr, "7").await;
+    until_limit(addr, "9").await;
+    // (The reload that changed only a limit, logged before the file went,
+    // said nothing of budgets.)
+    let said = log.text();
+    let after = said.rfind("token-bucket now").unwrap_or(0);
+    assert!(!said[after..].contains("INFO budgets:"), "{said}");
+    assert_eq!(said[after..].matches("INFO reloaded").count(), 1, "{said}");
 }
 
 /// Replaces a config file's text at once (written aside, then renamed

@@ -1837,3 +1837,132 @@ async fn thousands_of_regex_routes_match_each_path_to_its_own() {
         assert!(!reply.limited(), "{unmatched}");
     }
 }
+
+/// What `Rules::budget_changes` says a reload does to the budgets is what
+/// the memory store then does: a user who spent a minute's 3 of 3 is
+/// still denied where the report lists nothing (or what only Redis moves),
+/// and allowed where it says the budgets start full.
+#[tokio::test]
+async fn a_reloads_budget_changes_say_what_the_memory_store_does() {
+    use tower_ratelimit::rules::BudgetChangeKind as Kind;
+    use tower_ratelimit::Algorithm::{FixedWindow, SlidingLog, TokenBucket};
+    let one = |pattern: &str, rule: Rule| Rules::builder().route(pattern, [rule]).build().unwrap();
+    let minute = || Rule::new().minute(3);
+    let fixed = |rule: Rule| rule.algorithm(FixedWindow);
+    let denied = StatusCode::TOO_MANY_REQUESTS;
+    let secs = Duration::from_secs;
+    let cases = [
+        (
+            "a lower limit",
+            one("^/a", minute()),
+            one("^/a", Rule::new().minute(2)),
+            vec![],
+            denied,
+        ),
+        (
+            "another algorithm",
+            one("^/a", minute()),
+            one("^/a", minute().algorithm(TokenBucket)),
+            vec![Kind::Algorithm {
+                from: SlidingLog,
+                to: TokenBucket,
+            }],
+            StatusCode::OK,
+        ),
+        (
+            "another pattern",
+            one("^/a", minute()),
+            one("^/(a|b)", minute()),
+            vec![Kind::Uncounted],
+            StatusCode::OK,
+        ),
+        (
+            "a counter's window added",
+            one("^/a", fixed(minute())),
+            one("^/a", fixed(minute().second(3))),
+            vec![Kind::NewWindows(vec![secs(1)])],
+            denied,
+        ),
+        (
+            "a counter's window replaced",
+            one("^/a", fixed(minute())),
+            one("^/a", fixed(Rule::new().hour(3))),
+            vec![Kind::NewWindows(vec![secs(3600)])],
+            StatusCode::OK,
+        ),
+        (
+            "a sliding log's longest window longer",
+            one("^/a", minute()),
+            one("^/a", Rule::new().hour(3)),
+            vec![Kind::LongerLog { kept: secs(60) }],
+            denied,
+        ),
+        (
+            "route-wide limits added",
+            one("^/a", minute()),
+            support::route_with_global("^/a", [minute()], Rule::new().minute(100)),
+            vec![Kind::RedisKeys],
+            denied,
+        ),
+        (
+            "a sliding log of 6 windows",
+            one("^/a", minute()),
+            one(
+                "^/a",
+                minute().second(3).hour(3).day(3).month(3).per(secs(7), 3),
+            ),
+            vec![Kind::LongerLog { kept: secs(60) }, Kind::RedisKeys],
+            denied,
+        ),
+        (
+            "another group's rule counting apart",
+            Rules::builder()
+                .route("^/a", [minute(), Rule::group("gold").minute(3)])
+                .build()
+                .unwrap(),
+            Rules::builder()
+                .route(
+                    "^/a",
+                    [
+                        minute(),
+                        Rule::group("gold").minute(3).algorithm(TokenBucket),
+                    ],
+                )
+                .build()
+                .unwrap(),
+            vec![Kind::Uncounted],
+            denied,
+        ),
+    ];
+    for (what, before, after, expected, next) in cases {
+        let (changes, status) =
+            support::next_after_reload(MemoryStore::new(), before, after, 3).await;
+        let kinds: Vec<Kind> = changes.iter().map(|c| c.kind.clone()).collect();
+        assert_eq!(kinds, expected, "{what}");
+        assert_eq!(status, next, "{what}");
+    }
+}
+
+/// A reload's budget changes name the rule: its route, group and method.
+#[test]
+fn a_budget_change_names_its_rule() {
+    let before = Rules::builder()
+        .route("^/a", [Rule::new().minute(3)])
+        .build()
+        .unwrap();
+    let after = Rules::builder()
+        .route("^/a", [Rule::new().minute(3)])
+        .route("^/b", [Rule::group("gold").method("POST").minute(3)])
+        .build()
+        .unwrap();
+    let changes = after.budget_changes(&before);
+    assert_eq!(changes.len(), 1);
+    assert_eq!(&*changes[0].route, "^/b");
+    assert_eq!(changes[0].group, "gold");
+    assert_eq!(changes[0].method, Some(http::Method::POST));
+    assert_eq!(
+        changes[0].to_string(),
+        "route `^/b`, group `gold`, method POST: its budgets start full (no rule of the previous table counted them)"
+    );
+    assert!(before.budget_changes(&before).is_empty());
+}

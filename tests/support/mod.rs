@@ -40,6 +40,42 @@ pub fn route_with_global(
         .unwrap()
 }
 
+/// One user spends `spend` requests to `/a` under `before` (all allowed),
+/// then `after` is swapped in: what `after.budget_changes` said of the swap,
+/// and the status of the user's next request. (On `store`, at a fixed
+/// time: the swap is the only change.)
+pub async fn next_after_reload<S>(
+    store: S,
+    before: Rules,
+    after: Rules,
+    spend: usize,
+) -> (Vec<tower_ratelimit::rules::BudgetChange>, StatusCode)
+where
+    S: Store + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
+    let rules = tower_ratelimit::ReloadableRules::new(before);
+    let layer = RateLimitLayer::new(rules.clone(), store)
+        .clock(ManualClock::new(Timestamp::from_micros(START)))
+        .identify(tower_ratelimit::identity::Global)
+        .denial_cache(0);
+    let router = Router::new().fallback(|| async { "ok" }).layer(layer);
+    let status = || async {
+        let request = Request::get("/a").body(Body::empty()).unwrap();
+        router.clone().oneshot(request).await.unwrap().status()
+    };
+    for i in 0..spend {
+        assert_eq!(
+            status().await,
+            StatusCode::OK,
+            "request {i} before the swap"
+        );
+    }
+    let changes = after.budget_changes(&rules.get());
+    rules.set(after);
+    (changes, status().await)
+}
+
 /// How many cases a property test runs: `quick` (what CI runs), or
 /// `PROPTEST_CASES` when set, for a long fuzzing run
 /// (`PROPTEST_CASES=1000000 cargo test --release --all-features --test
