@@ -768,13 +768,15 @@ const LISTED_CHANGES: usize = 20;
 
 /// Says which rules' budgets a reload did not carry over as they were (see
 /// `Rules::budget_changes`): who starts with a full budget, or with new
-/// windows empty. The Redis-only ones only on Redis.
+/// windows empty. Those of this server's store only.
 fn log_budget_changes(changes: &[tower_ratelimit::rules::BudgetChange], on_redis: bool) {
-    use tower_ratelimit::rules::BudgetChangeKind;
-    let shown: Vec<_> = changes
-        .iter()
-        .filter(|c| on_redis || c.kind != BudgetChangeKind::RedisKeys)
-        .collect();
+    use tower_ratelimit::rules::ChangedOn;
+    let other = if on_redis {
+        ChangedOn::Memory
+    } else {
+        ChangedOn::Redis
+    };
+    let shown: Vec<_> = changes.iter().filter(|c| c.stores != other).collect();
     for change in shown.iter().take(LISTED_CHANGES) {
         tracing::info!("budgets: {change}");
     }

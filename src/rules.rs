@@ -55,7 +55,7 @@ use crate::error::{
 use crate::key;
 
 mod changes;
-pub use changes::{BudgetChange, BudgetChangeKind};
+pub use changes::{BudgetChange, BudgetChangeKind, ChangedOn};
 
 /// The most windows one rule may have.
 pub const MAX_WINDOWS: usize = 8;

@@ -1059,7 +1059,7 @@ async fn start_up_and_reloads_are_logged_with_their_warnings() {
         "[[routes]]\npath = \"^/a\"\nrules = [{ minute = 8, algorithm = \"token-bucket\" }]\n",
     );
     until_limit(addr, "8").await;
-    log.until("INFO budgets: route `^/a`, group `default`: its budgets start full (sliding-log before, token-bucket now; a change back finds the earlier ones)\n")
+    log.until("INFO budgets: route `^/a`, group `default`: its budgets start full (sliding-log before, token-bucket now; a change back finds the earlier state)\n")
         .await;
     rewrite(
         &file,

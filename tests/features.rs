@@ -1838,107 +1838,135 @@ async fn thousands_of_regex_routes_match_each_path_to_its_own() {
     }
 }
 
-/// What `Rules::budget_changes` says a reload does to the budgets is what
-/// the memory store then does: a user who spent a minute's 3 of 3 is
-/// still denied where the report lists nothing (or what only Redis moves),
-/// and allowed where it says the budgets start full.
+/// What `Rules::budget_changes` says a reload does to the budgets (those
+/// changes true of the memory store) is what the memory store then does: a
+/// user who spent a minute's 3 of 3 is still denied where the report lists
+/// no change of the user's own budget, and allowed where it says it starts
+/// full.
 #[tokio::test]
 async fn a_reloads_budget_changes_say_what_the_memory_store_does() {
-    use tower_ratelimit::rules::BudgetChangeKind as Kind;
+    use tower_ratelimit::rules::{BudgetChangeKind as Kind, ChangedOn};
     use tower_ratelimit::Algorithm::{FixedWindow, SlidingLog, TokenBucket};
-    let one = |pattern: &str, rule: Rule| Rules::builder().route(pattern, [rule]).build().unwrap();
+    let one =
+        |pattern: &str, rules: Vec<Rule>| Rules::builder().route(pattern, rules).build().unwrap();
     let minute = || Rule::new().minute(3);
     let fixed = |rule: Rule| rule.algorithm(FixedWindow);
-    let denied = StatusCode::TOO_MANY_REQUESTS;
+    let gold = || Rule::group("gold");
+    let with_global = |global: Rule| support::route_with_global("^/a", [minute()], global);
+    let (ok, denied) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
     let secs = Duration::from_secs;
+    let user = |kind| vec![(false, kind)];
     let cases = [
         (
             "a lower limit",
-            one("^/a", minute()),
-            one("^/a", Rule::new().minute(2)),
+            one("^/a", vec![minute()]),
+            one("^/a", vec![Rule::new().minute(2)]),
             vec![],
             denied,
         ),
         (
             "another algorithm",
-            one("^/a", minute()),
-            one("^/a", minute().algorithm(TokenBucket)),
-            vec![Kind::Algorithm {
+            one("^/a", vec![minute()]),
+            one("^/a", vec![minute().algorithm(TokenBucket)]),
+            user(Kind::Algorithm {
                 from: SlidingLog,
                 to: TokenBucket,
-            }],
-            StatusCode::OK,
+            }),
+            ok,
         ),
         (
             "another pattern",
-            one("^/a", minute()),
-            one("^/(a|b)", minute()),
-            vec![Kind::Uncounted],
-            StatusCode::OK,
+            one("^/a", vec![minute()]),
+            one("^/(a|b)", vec![minute()]),
+            user(Kind::Uncounted),
+            ok,
         ),
         (
             "a counter's window added",
-            one("^/a", fixed(minute())),
-            one("^/a", fixed(minute().second(3))),
-            vec![Kind::NewWindows(vec![secs(1)])],
+            one("^/a", vec![fixed(minute())]),
+            one("^/a", vec![fixed(minute().second(3))]),
+            user(Kind::NewWindows(vec![secs(1)])),
             denied,
         ),
         (
             "a counter's window replaced",
-            one("^/a", fixed(minute())),
-            one("^/a", fixed(Rule::new().hour(3))),
-            vec![Kind::NewWindows(vec![secs(3600)])],
-            StatusCode::OK,
+            one("^/a", vec![fixed(minute())]),
+            one("^/a", vec![fixed(Rule::new().hour(3))]),
+            user(Kind::NewWindows(vec![secs(3600)])),
+            ok,
         ),
         (
             "a sliding log's longest window longer",
-            one("^/a", minute()),
-            one("^/a", Rule::new().hour(3)),
-            vec![Kind::LongerLog { kept: secs(60) }],
-            denied,
-        ),
-        (
-            "route-wide limits added",
-            one("^/a", minute()),
-            support::route_with_global("^/a", [minute()], Rule::new().minute(100)),
-            vec![Kind::RedisKeys],
+            one("^/a", vec![minute()]),
+            one("^/a", vec![Rule::new().hour(3)]),
+            user(Kind::LongerLog { kept: secs(60) }),
             denied,
         ),
         (
             "a sliding log of 6 windows",
-            one("^/a", minute()),
+            one("^/a", vec![minute()]),
             one(
                 "^/a",
-                minute().second(3).hour(3).day(3).month(3).per(secs(7), 3),
+                vec![minute().second(3).hour(3).day(3).month(3).per(secs(7), 3)],
             ),
-            vec![Kind::LongerLog { kept: secs(60) }, Kind::RedisKeys],
+            user(Kind::LongerLog { kept: secs(60) }),
+            denied,
+        ),
+        (
+            "a route-wide limit added",
+            one("^/a", vec![minute()]),
+            with_global(Rule::new().minute(100)),
+            vec![(true, Kind::Uncounted)],
+            denied,
+        ),
+        (
+            "a route-wide window longer",
+            with_global(Rule::new().minute(100)),
+            with_global(Rule::new().hour(100)),
+            vec![(true, Kind::LongerLog { kept: secs(60) })],
             denied,
         ),
         (
             "another group's rule counting apart",
-            Rules::builder()
-                .route("^/a", [minute(), Rule::group("gold").minute(3)])
-                .build()
-                .unwrap(),
-            Rules::builder()
-                .route(
-                    "^/a",
-                    [
-                        minute(),
-                        Rule::group("gold").minute(3).algorithm(TokenBucket),
-                    ],
-                )
-                .build()
-                .unwrap(),
-            vec![Kind::Uncounted],
+            one("^/a", vec![minute(), gold().minute(3)]),
+            one(
+                "^/a",
+                vec![minute(), gold().minute(3).algorithm(TokenBucket)],
+            ),
+            user(Kind::Uncounted),
             denied,
+        ),
+        (
+            "another group's rule counting alike again",
+            one("^/a", vec![minute(), gold().hour(3)]),
+            one("^/a", vec![minute(), gold().minute(3)]),
+            user(Kind::Uncounted),
+            denied,
+        ),
+        (
+            "a new group counting alike",
+            one("^/a", vec![minute()]),
+            one("^/a", vec![minute(), Rule::group("silver").minute(3)]),
+            user(Kind::Uncounted),
+            denied,
+        ),
+        (
+            "the default group's rule removed",
+            one("^/a", vec![minute(), gold().hour(3)]),
+            one("^/a", vec![gold().hour(3)]),
+            user(Kind::Uncounted),
+            ok,
         ),
     ];
     for (what, before, after, expected, next) in cases {
         let (changes, status) =
             support::next_after_reload(MemoryStore::new(), before, after, 3).await;
-        let kinds: Vec<Kind> = changes.iter().map(|c| c.kind.clone()).collect();
-        assert_eq!(kinds, expected, "{what}");
+        let seen: Vec<(bool, Kind)> = changes
+            .iter()
+            .filter(|c| c.stores != ChangedOn::Redis)
+            .map(|c| (c.route_wide, c.kind.clone()))
+            .collect();
+        assert_eq!(seen, expected, "{what}");
         assert_eq!(status, next, "{what}");
     }
 }
@@ -1965,4 +1993,20 @@ fn a_budget_change_names_its_rule() {
         "route `^/b`, group `gold`, method POST: its budgets start full (no rule of the previous table counted them)"
     );
     assert!(before.budget_changes(&before).is_empty());
+
+    // A route-wide limit added: the users' budgets move on Redis only; the
+    // route-wide budget is new on every store.
+    let after = support::route_with_global("^/a", [Rule::new().minute(3)], Rule::new().hour(100));
+    let said: Vec<String> = after
+        .budget_changes(&before)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "route `^/a`, group `default`: on Redis, its budgets start full under other keys (a route-wide limit added or removed, or a sliding log gone from 5 windows or fewer to more, or back)",
+            "route `^/a`, route-wide budget: it starts full (no rule of the previous table counted them)",
+        ]
+    );
 }

@@ -439,6 +439,11 @@ impl WindowState {
 /// minute, hour, day and month.
 const INLINE_WINDOWS: usize = 5;
 
+/// The most windows the Redis store's straight-line scripts are made for:
+/// a sliding log of more (or with route-wide windows) keeps its log in
+/// another layout, under another key (see [`crate::rules::BudgetChange`]).
+pub(crate) const STRAIGHT_MAX_WINDOWS: usize = 5;
+
 /// The windows of a decision: inline up to [`INLINE_WINDOWS`] (no
 /// allocation, and a [`Decision`] small enough to move in a few
 /// instructions), on the heap beyond.

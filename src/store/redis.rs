@@ -252,8 +252,7 @@ pub const ADJUST_LUA: &str = concat!(
     include_str!("../../scripts/adjust.lua")
 );
 
-/// The most windows a straight-line script is made for.
-const STRAIGHT_MAX_WINDOWS: usize = 5;
+use super::STRAIGHT_MAX_WINDOWS;
 
 /// The straight-line sliding-log template: `scripts/straight_prelude.lua`
 /// and `scripts/straight_packed_log.lua`, whose log is one packed string
@@ -1650,8 +1649,9 @@ fn batch_numbers(check: &Check, deadline: Option<i64>) -> Option<BatchNumbers> {
     fits.then_some(numbers)
 }
 
-/// Room for a batchable check's numbers: up to 8 fixed ones and two per
-/// window, [`STRAIGHT_MAX_WINDOWS`] of them.
+/// Room for a batchable check's numbers: its fixed ones (at most 7, see
+/// [`each_script_number`]) and two per window, [`STRAIGHT_MAX_WINDOWS`] of
+/// them.
 type BatchNumbers = arrayvec::ArrayVec<u8, { 8 * (8 + 2 * STRAIGHT_MAX_WINDOWS) }>;
 
 /// One call of `script` for the checks of `jobs` (each a batchable check:
