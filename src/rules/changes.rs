@@ -180,6 +180,19 @@ fn compare(algorithm: Algorithm, before: &[Window], after: &[Window]) -> Option<
     }
 }
 
+/// Why a budget that no rule of the previous table counted with its
+/// algorithm starts full: another algorithm counted it (`counted`), or
+/// none did.
+fn afresh(counted: Option<&Policy>, to: Algorithm) -> BudgetChangeKind {
+    match counted {
+        Some(p) => BudgetChangeKind::Algorithm {
+            from: p.algorithm,
+            to,
+        },
+        None => BudgetChangeKind::Uncounted,
+    }
+}
+
 impl Rules {
     /// What swapping this table in for `previous` (as
     /// [`ReloadableRules::set`](crate::ReloadableRules::set) does) does to
@@ -281,13 +294,7 @@ impl Rules {
                     (None, None) => change(
                         false,
                         ChangedOn::Every,
-                        match same_budget.first() {
-                            Some(p) => BudgetChangeKind::Algorithm {
-                                from: p.algorithm,
-                                to: new.algorithm,
-                            },
-                            None => BudgetChangeKind::Uncounted,
-                        },
+                        afresh(same_budget.first().copied(), new.algorithm),
                     ),
                 }
                 // The route-wide budget, once per algorithm that counts it.
@@ -310,15 +317,11 @@ impl Rules {
                             change(true, ChangedOn::Every, kind);
                         }
                     }
-                    (None, Some(p)) => change(
+                    (None, other) => change(
                         true,
                         ChangedOn::Every,
-                        BudgetChangeKind::Algorithm {
-                            from: p.algorithm,
-                            to: new.algorithm,
-                        },
+                        afresh(other.copied(), new.algorithm),
                     ),
-                    (None, None) => change(true, ChangedOn::Every, BudgetChangeKind::Uncounted),
                 }
             }
         }

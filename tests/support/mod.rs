@@ -41,15 +41,20 @@ pub fn route_with_global(
 }
 
 /// One user spends `spend` requests to `/a` under `before` (all allowed),
-/// then `after` is swapped in: what `after.budget_changes` said of the swap,
+/// then `after` is swapped in: what `after.budget_changes` said of the swap
+/// that is true of `on` (the store's kind), as (route-wide, kind) pairs,
 /// and the status of the user's next request. (On `store`, at a fixed
 /// time: the swap is the only change.)
 pub async fn next_after_reload<S>(
     store: S,
+    on: tower_ratelimit::rules::ChangedOn,
     before: Rules,
     after: Rules,
     spend: usize,
-) -> (Vec<tower_ratelimit::rules::BudgetChange>, StatusCode)
+) -> (
+    Vec<(bool, tower_ratelimit::rules::BudgetChangeKind)>,
+    StatusCode,
+)
 where
     S: Store + Clone + Send + Sync + 'static,
     S::Future: Send,
@@ -71,7 +76,12 @@ where
             "request {i} before the swap"
         );
     }
-    let changes = after.budget_changes(&rules.get());
+    let changes = after
+        .budget_changes(&rules.get())
+        .into_iter()
+        .filter(|c| [tower_ratelimit::rules::ChangedOn::Every, on].contains(&c.stores))
+        .map(|c| (c.route_wide, c.kind))
+        .collect();
     rules.set(after);
     (changes, status().await)
 }
