@@ -4,7 +4,10 @@
 //! by an `x-user` header over 1,000 users (`*-header`, ours with the
 //! sliding log and with the token bucket, governor's algorithm), one thread,
 //! interleaved passes, medians. What the load harness measures with the
-//! whole HTTP stack around it, isolated here.
+//! whole HTTP stack around it, isolated here. Ours is built as the README
+//! tells an axum service to build it (`same_body()`: the inner body type
+//! on responses, as governor's). Each row also prints the size of its
+//! response future, which every request moves.
 //!
 //! ```sh
 //! cargo bench --bench overhead          # PASSES=5 REQUESTS=300000 (ONLY=name: one row)
@@ -39,8 +42,9 @@ fn inner() -> Inner {
     tower::service_fn(ok as fn(_) -> _)
 }
 
-/// Runs `n` requests through `service`; returns ns per request.
-fn drive<S>(service: &mut S, n: usize, users: bool) -> f64
+/// Runs `n` requests through `service`; returns ns per request and the
+/// size of its response future.
+fn drive<S>(service: &mut S, n: usize, users: bool) -> (f64, usize)
 where
     S: Service<Request<Body>>,
     S::Error: std::fmt::Debug,
@@ -49,6 +53,7 @@ where
     let names: Vec<http::HeaderValue> = (0..1000)
         .map(|i| http::HeaderValue::from_str(&format!("user-{i}")).unwrap())
         .collect();
+    let mut bytes = 0;
     let started = Instant::now();
     for i in 0..n {
         let mut request = Request::new(Body::empty());
@@ -60,14 +65,18 @@ where
                 .insert("x-user", names[i % names.len()].clone());
         }
         let ready = service.ready().now_or_never().unwrap().unwrap();
-        let response = ready.call(request).now_or_never().unwrap().unwrap();
+        let future = ready.call(request);
+        bytes = std::mem::size_of_val(&future);
+        let response = future.now_or_never().unwrap().unwrap();
         std::hint::black_box(response);
     }
-    started.elapsed().as_nanos() as f64 / n as f64
+    (started.elapsed().as_nanos() as f64 / n as f64, bytes)
 }
 
-/// A named service to drive: runs n requests, returns ns per request.
-type Runner = (&'static str, Box<dyn FnMut(usize) -> f64>);
+/// A named service to drive: runs n requests, returns ns per request and
+/// the bytes of the service's response future (which every request moves,
+/// at least once into the server's own boxed future).
+type Runner = (&'static str, Box<dyn FnMut(usize) -> (f64, usize)>);
 
 fn rules(algorithm: Algorithm) -> Rules {
     Rules::builder()
@@ -87,13 +96,16 @@ fn rules(algorithm: Algorithm) -> Rules {
 }
 
 fn ours(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
-    RateLimitLayer::new(rules(algorithm), MemoryStore::new()).layer(inner())
+    RateLimitLayer::new(rules(algorithm), MemoryStore::new())
+        .same_body()
+        .layer(inner())
 }
 
 /// Keyed by the `x-user` header (the crate's own header identity).
 fn ours_header(algorithm: Algorithm) -> impl Service<Request<Body>, Error = Infallible> {
     let user = tower_ratelimit::identity::HeaderKey::new(http::HeaderName::from_static("x-user"));
     RateLimitLayer::new(rules(algorithm), MemoryStore::new())
+        .same_body()
         .identify(user)
         .layer(inner())
 }
@@ -171,12 +183,14 @@ fn main() {
     services.retain(|(name, _)| only.as_deref().is_none_or(|o| o == *name));
 
     let mut samples: Vec<Vec<f64>> = services.iter().map(|_| Vec::new()).collect();
-    for (_, run) in &mut services {
-        run(requests / 10); // warm up
-    }
+    // (Warm-up, which tells each row's future size too.)
+    let sizes: Vec<usize> = services
+        .iter_mut()
+        .map(|(_, run)| run(requests / 10).1)
+        .collect();
     for _ in 0..passes {
         for (i, (_, run)) in services.iter_mut().enumerate() {
-            samples[i].push(run(requests));
+            samples[i].push(run(requests).0);
         }
     }
     let median = |v: &mut Vec<f64>| {
@@ -201,10 +215,10 @@ fn main() {
     };
     println!("{passes} interleaved passes of {requests} requests, medians (one thread, no HTTP)");
     println!(
-        "{:<18} {:>8} {:>12} {:>16}",
-        "service", "ns/req", "layer ns", "layer vs governor"
+        "{:<18} {:>8} {:>12} {:>18} {:>14}",
+        "service", "ns/req", "layer ns", "layer vs governor", "future bytes"
     );
-    for ((name, _), ns) in services.iter().zip(&medians) {
+    for (((name, _), ns), size) in services.iter().zip(&medians).zip(&sizes) {
         let (bare, governor) = bases(name);
         let layer = bare.map(|b| ns - b);
         let vs = match (layer, bare.zip(governor)) {
@@ -212,7 +226,7 @@ fn main() {
             _ => "—".to_owned(),
         };
         println!(
-            "{name:<18} {ns:>8.0} {:>12} {vs:>16}",
+            "{name:<18} {ns:>8.0} {:>12} {vs:>18} {size:>14}",
             layer.map_or("—".to_owned(), |l| format!("{l:.0}"))
         );
     }
