@@ -89,38 +89,39 @@ const fn small_offset(n: usize) -> usize {
 /// reference count for the threads to share, and no memory read but the
 /// digits themselves (which the server reads anyway to write them).
 pub(crate) fn number(n: u64) -> HeaderValue {
-    match usize::try_from(n) {
-        Ok(i) if i < SMALL_NUMBERS => {
-            let start = small_offset(i);
-            match DIGITS.get(start..start + small_width(i)) {
-                // (Digits only: `from_static`'s check of each byte passes.)
-                Some(text) => HeaderValue::from_static(text),
-                None => big_number(n),
-            }
-        }
-        _ => big_number(n),
+    match small_text(n) {
+        // (Digits only: `from_static`'s check of each byte passes.)
+        Some(text) => HeaderValue::from_static(text),
+        None => big_number(n),
     }
 }
 
-/// A header value for a rule's limit, made when the rules are built: a
-/// static one whatever the number, so that each response's copy costs no
+/// The static text of `n` if it is below [`SMALL_NUMBERS`].
+fn small_text(n: u64) -> Option<&'static str> {
+    let i = usize::try_from(n).ok().filter(|&i| i < SMALL_NUMBERS)?;
+    let start = small_offset(i);
+    DIGITS.get(start..start + small_width(i))
+}
+
+/// The text of a rule's limit, made when the rules are built: static
+/// whatever the number, so that each response's header costs no
 /// allocation and no reference count that every thread's requests would
-/// share (a cache line passed between cores). Limits from 10,000 up are
-/// written once per distinct number and kept for the process's life,
+/// share (a cache line passed between cores), and a response future holds
+/// it in 16 bytes where a header value takes 40. Limits from 10,000 up
+/// are written once per distinct number and kept for the process's life,
 /// however often rules are rebuilt.
-pub(crate) fn limit_value(n: u32) -> HeaderValue {
-    if (n as usize) < SMALL_NUMBERS {
-        return number(u64::from(n));
+pub(crate) fn limit_text(n: u32) -> &'static str {
+    if let Some(text) = small_text(u64::from(n)) {
+        return text;
     }
     static WRITTEN: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
     let mut written = WRITTEN
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    let digits = *written
+    written
         .entry(n)
-        .or_insert_with(|| Box::leak(n.to_string().into_boxed_str()));
-    HeaderValue::from_static(digits)
+        .or_insert_with(|| Box::leak(n.to_string().into_boxed_str()))
 }
 
 /// A header value formatted on the spot (out of line: rare). Its digits
@@ -136,6 +137,11 @@ pub(crate) fn limit_value(n: u32) -> HeaderValue {
 fn big_number(n: u64) -> HeaderValue {
     HeaderValue::from_str(itoa::Buffer::new().format(n))
         .unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// `n` seconds in a header's 32 bits (136 years at most).
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Whole seconds in `d`, rounded up.
@@ -158,13 +164,14 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// until then, so the response future stays small to move.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RateHeaders {
-    /// `X-RateLimit-Limit`; `None`: no `X-RateLimit-*` headers.
-    limit: Option<HeaderValue>,
+    /// `X-RateLimit-Limit` (the rule's static text: see [`limit_text`]);
+    /// `None`: no `X-RateLimit-*` headers.
+    limit: Option<&'static str>,
     remaining: u32,
-    /// Seconds.
-    reset: u64,
+    /// Seconds (saturated: 136 years).
+    reset: u32,
     /// `Retry-After` seconds; 0 for none (a wait is at least 1 s).
-    retry_after: u64,
+    retry_after: u32,
     /// The headers of the other modes (IETF, per window).
     extra: Option<Box<Extra>>,
 }
@@ -195,7 +202,7 @@ impl RateHeaders {
             crate::cold_path();
             match decision.exceeds_limit(cost) {
                 true => 0,
-                false => retry_after_secs(decision.retry_after().unwrap_or_default()),
+                false => saturate(retry_after_secs(decision.retry_after().unwrap_or_default())),
             }
         };
         let Some((index, w)) = decision
@@ -210,7 +217,7 @@ impl RateHeaders {
         // (The constraining window's own reset, on a denial too: when
         // another window also denies, as when two are both spent, it frees
         // a slot before the request may pass, which `Retry-After` tells.)
-        let reset = ceil_secs(decision.reset_after());
+        let reset = saturate(ceil_secs(decision.reset_after()));
         let limit = matches!(
             mode,
             HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows
@@ -219,12 +226,14 @@ impl RateHeaders {
             policy
                 .limits
                 .get(index)
-                .cloned()
-                .unwrap_or_else(|| number(u64::from(w.window().limit())))
+                .copied()
+                // (Each window of a policy has its text: this is for a
+                // decision with windows the check did not have.)
+                .unwrap_or_else(|| limit_text(w.window().limit()))
         });
         let extra = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
-                ietf_headers(decision, policy, p, reset)
+                ietf_headers(decision, policy, p, u64::from(reset))
             }
             (HeaderMode::XWindows, _) => window_headers(decision, policy),
             _ => None,
@@ -260,9 +269,9 @@ impl RateHeaders {
             extra,
         } = self;
         if let Some(limit) = limit {
-            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static(limit));
             headers.insert(X_RATELIMIT_REMAINING, number(u64::from(remaining)));
-            headers.insert(X_RATELIMIT_RESET, number(reset));
+            headers.insert(X_RATELIMIT_RESET, number(u64::from(reset)));
         }
         if extra.is_some() || retry_after > 0 {
             apply_others(extra, retry_after, headers);
@@ -274,7 +283,7 @@ impl RateHeaders {
 /// (Out of line: the common response, allowed with the `X-RateLimit-*`
 /// headers, stays compact in the instruction cache.)
 #[inline(never)]
-fn apply_others(extra: Option<Box<Extra>>, retry_after: u64, headers: &mut HeaderMap) {
+fn apply_others(extra: Option<Box<Extra>>, retry_after: u32, headers: &mut HeaderMap) {
     match extra.map(|extra| *extra) {
         Some(Extra::Ietf([policy, state])) => {
             headers.insert(RATELIMIT_POLICY, policy);
@@ -290,7 +299,7 @@ fn apply_others(extra: Option<Box<Extra>>, retry_after: u64, headers: &mut Heade
     if retry_after > 0 {
         headers
             .entry(RETRY_AFTER)
-            .or_insert_with(|| number(retry_after));
+            .or_insert_with(|| number(u64::from(retry_after)));
     }
 }
 
@@ -318,7 +327,7 @@ fn window_headers(decision: &Decision, policy: &Policy) -> Option<Box<Extra>> {
         else {
             continue;
         };
-        out.push((limit_name.clone(), limit.clone()));
+        out.push((limit_name.clone(), HeaderValue::from_static(limit)));
         out.push((remaining_name.clone(), number(u64::from(w.remaining))));
     }
     Some(Box::new(Extra::Windows(out)))
@@ -444,7 +453,7 @@ mod tests {
             assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
             assert_eq!(big_number(n).to_str().unwrap(), n.to_string(), "{n}");
             if let Ok(n) = u32::try_from(n) {
-                assert_eq!(limit_value(n).to_str().unwrap(), n.to_string(), "{n}");
+                assert_eq!(limit_text(n), n.to_string(), "{n}");
             }
         }
         // Every number with static text.
@@ -452,7 +461,10 @@ mod tests {
             assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
         }
         // (A limit written once is the same static value after.)
-        assert_eq!(limit_value(1_000_000_007), limit_value(1_000_000_007));
+        assert!(std::ptr::eq(
+            limit_text(1_000_000_007),
+            limit_text(1_000_000_007)
+        ));
     }
 
     #[test]

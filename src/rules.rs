@@ -708,7 +708,7 @@ pub(crate) struct Policy {
     /// item per window, computed once.
     pub(crate) ietf_policy: Option<HeaderValue>,
     /// `X-RateLimit-Limit` of each window (the user's, then the route's).
-    pub(crate) limits: Box<[HeaderValue]>,
+    pub(crate) limits: Box<[&'static str]>,
     /// [`HeaderMode::XWindows`]' names of each window's limit and remaining
     /// headers (the user's, then the route's).
     pub(crate) window_headers: Box<[Option<(HeaderName, HeaderName)>]>,
@@ -2523,7 +2523,7 @@ fn compile_rule(
         let limits = windows
             .iter()
             .chain(route.global.unwrap_or(&[]))
-            .map(|w| crate::decision::limit_value(w.limit()))
+            .map(|w| crate::decision::limit_text(w.limit()))
             .collect();
         Some(Arc::new(Policy {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

@@ -911,7 +911,7 @@ pin_project! {
         Calling { #[pin] fut: F, headers: Option<RateHeaders> },
         CallingThen { #[pin] fut: F, headers: Option<RateHeaders>, after: Option<After> },
         Adjusting { fut: Finish, response: Option<Box<R>> },
-        Answer { response: Option<Response<Bytes>>, headers: Option<RateHeaders> },
+        Answer { response: Option<Response<Bytes>> },
     }
 }
 
@@ -934,8 +934,7 @@ where
 
     fn answer(response: Response<Bytes>, headers: Option<RateHeaders>) -> Self {
         Self::new(State::Answer {
-            response: Some(response),
-            headers,
+            response: Some(with_headers(response, headers)),
         })
     }
 }
@@ -969,8 +968,7 @@ where
             after: Some(after),
         },
         Verdict::Answer(response, headers) => State::Answer {
-            response: Some(response),
-            headers,
+            response: Some(with_headers(response, headers)),
         },
         Verdict::Wait(fut, held) => {
             pending.held = Some(held);
@@ -1111,11 +1109,11 @@ where
                     };
                     return Poll::Ready(Ok((*response).map(M::inner)));
                 }
-                StateProj::Answer { response, headers } => {
+                StateProj::Answer { response } => {
                     let Some(response) = response.take() else {
                         return Poll::Pending;
                     };
-                    return Poll::Ready(Ok(answered::<M, ResBody>(response, headers.take())));
+                    return Poll::Ready(Ok(answered::<M, ResBody>(response)));
                 }
             };
             state.set(next);
@@ -1123,17 +1121,22 @@ where
     }
 }
 
-/// A response the layer wrote, with its headers. (Out of line: the
-/// response future's common path, a request let through, stays compact in
-/// the instruction cache.)
+/// A response the layer wrote, given its rate-limit headers at once: the
+/// response future holds the response alone, and stays as small to move
+/// as a request let through needs. (Out of line, like [`answered`].)
 #[inline(never)]
-fn answered<M: BodyMode<R>, R>(
-    mut response: Response<Bytes>,
-    headers: Option<RateHeaders>,
-) -> Response<M::Body> {
+fn with_headers(mut response: Response<Bytes>, headers: Option<RateHeaders>) -> Response<Bytes> {
     if let Some(headers) = headers {
         headers.apply(response.headers_mut());
     }
+    response
+}
+
+/// A response the layer wrote, in the service's body type. (Out of line:
+/// the response future's common path, a request let through, stays
+/// compact in the instruction cache.)
+#[inline(never)]
+fn answered<M: BodyMode<R>, R>(response: Response<Bytes>) -> Response<M::Body> {
     response.map(M::written)
 }
 
