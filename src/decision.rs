@@ -103,8 +103,8 @@ fn small_text(n: u64) -> Option<&'static str> {
     DIGITS.get(start..start + small_width(i))
 }
 
-/// The text of a rule's limit, made when the rules are built: static
-/// whatever the number, so that each response's header costs no
+/// The text of a rule's limit, made when the rules are built (never on a
+/// request's path: it may take a lock): static whatever the number, so that each response's header costs no
 /// allocation and no reference count that every thread's requests would
 /// share (a cache line passed between cores), and a response future holds
 /// it in 16 bytes where a header value takes 40. Limits from 10,000 up
@@ -160,13 +160,19 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The rate-limit headers of one decision, computed before the inner
-/// service runs and added to its response afterwards. Kept as numbers
-/// until then, so the response future stays small to move.
+/// service runs and added to its response afterwards (to a response the
+/// layer writes, at once). Kept as numbers and static text until then, in
+/// 40 bytes, so the response future stays small to move.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RateHeaders {
     /// `X-RateLimit-Limit` (the rule's static text: see [`limit_text`]);
     /// `None`: no `X-RateLimit-*` headers.
     limit: Option<&'static str>,
+    /// A constraining window's limit the rule has no text for, written
+    /// when the headers are (in place of `limit`'s text); 0 for none. Only
+    /// a store whose decision has windows its check did not have gives
+    /// one: never the crate's own.
+    unlisted: u32,
     remaining: u32,
     /// Seconds (saturated: 136 years).
     reset: u32,
@@ -218,19 +224,17 @@ impl RateHeaders {
         // another window also denies, as when two are both spent, it frees
         // a slot before the request may pass, which `Retry-After` tells.)
         let reset = saturate(ceil_secs(decision.reset_after()));
-        let limit = matches!(
-            mode,
-            HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows
-        )
-        .then(|| {
-            policy
-                .limits
-                .get(index)
-                .copied()
-                // (Each window of a policy has its text: this is for a
-                // decision with windows the check did not have.)
-                .unwrap_or_else(|| limit_text(w.window().limit()))
-        });
+        let (limit, unlisted) = match (mode, policy.limits.get(index)) {
+            (HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows, Some(&text)) => {
+                (Some(text), 0)
+            }
+            // (Each window of a policy has its text: this is for a
+            // decision with windows the check did not have.)
+            (HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows, None) => {
+                (Some(""), w.window().limit())
+            }
+            _ => (None, 0),
+        };
         let extra = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {
                 ietf_headers(decision, policy, p, u64::from(reset))
@@ -240,6 +244,7 @@ impl RateHeaders {
         };
         Self {
             limit,
+            unlisted,
             remaining: w.remaining,
             reset,
             retry_after,
@@ -263,13 +268,18 @@ impl RateHeaders {
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         let Self {
             limit,
+            unlisted,
             remaining,
             reset,
             retry_after,
             extra,
         } = self;
         if let Some(limit) = limit {
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static(limit));
+            let limit = match unlisted {
+                0 => HeaderValue::from_static(limit),
+                n => number(u64::from(n)),
+            };
+            headers.insert(X_RATELIMIT_LIMIT, limit);
             headers.insert(X_RATELIMIT_REMAINING, number(u64::from(remaining)));
             headers.insert(X_RATELIMIT_RESET, number(u64::from(reset)));
         }

@@ -886,6 +886,43 @@ async fn a_denial_without_a_wait_still_gets_retry_after() {
     assert_eq!(denied.number("retry-after"), 1);
 }
 
+/// A store whose decisions report one window more than the check had, the
+/// constraining one, with `limit`.
+#[derive(Clone)]
+struct ExtraWindow {
+    limit: u32,
+}
+
+impl Store for ExtraWindow {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, check: Check) -> Self::Future {
+        let extra = tower_ratelimit::Window::new(Duration::from_secs(1), self.limit).unwrap();
+        let windows = check
+            .windows
+            .iter()
+            .map(|&w| tower_ratelimit::store::WindowState::new(w, w.limit() - 1))
+            .chain([tower_ratelimit::store::WindowState::new(extra, 3)]);
+        ready(Ok(Decision::new(
+            true,
+            None,
+            Duration::from_secs(1),
+            windows,
+        )))
+    }
+}
+
+#[tokio::test]
+async fn a_stores_window_the_rule_does_not_have_still_gets_its_limit_header() {
+    for limit in [7, 12_345, 4_000_000_000] {
+        let app = App::new(one(Rule::new().second(100)), ExtraWindow { limit });
+        let reply = app.get("/a", "u").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.number("x-ratelimit-limit"), u64::from(limit));
+        assert_eq!(reply.number("x-ratelimit-remaining"), 3);
+    }
+}
+
 /// A memory store whose answers take 40 ms on the layer's clock to arrive.
 #[derive(Clone, Default)]
 struct Slow {
