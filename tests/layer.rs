@@ -773,3 +773,26 @@ async fn an_immediate_identity_is_decided_without_holding_the_request() {
         );
     }
 }
+
+/// The response future of a request the memory store lets through stays
+/// within 64 bytes of the inner service's own (every request moves it, at
+/// least into the server's boxed future; at 96 bytes more, the layer's own
+/// cost was 5-8% higher: benches/HISTORY.md, round 53).
+#[tokio::test]
+async fn the_response_future_stays_small() {
+    use tower::{Layer, Service};
+    type Reply = Ready<Result<Response<Body>, std::convert::Infallible>>;
+    fn ok(_: Request<Body>) -> Reply {
+        ready(Ok(Response::new(Body::empty())))
+    }
+    let inner = tower::service_fn(ok as fn(Request<Body>) -> Reply);
+    let mut service = RateLimitLayer::new(rules(), MemoryStore::new())
+        .same_body()
+        .layer(inner);
+    let future = service.call(Request::new(Body::empty()));
+    let (size, inner) = (std::mem::size_of_val(&future), std::mem::size_of::<Reply>());
+    assert!(
+        size <= inner + 64,
+        "the response future takes {size} bytes, the inner one {inner}"
+    );
+}
