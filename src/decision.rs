@@ -224,16 +224,16 @@ impl RateHeaders {
         // another window also denies, as when two are both spent, it frees
         // a slot before the request may pass, which `Retry-After` tells.)
         let reset = saturate(ceil_secs(decision.reset_after()));
-        let (limit, unlisted) = match (mode, policy.limits.get(index)) {
-            (HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows, Some(&text)) => {
-                (Some(text), 0)
-            }
+        let x_headers = matches!(
+            mode,
+            HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows
+        );
+        let (limit, unlisted) = match (x_headers, policy.limits.get(index)) {
+            (false, _) => (None, 0),
+            (true, Some(&text)) => (Some(text), 0),
             // (Each window of a policy has its text: this is for a
             // decision with windows the check did not have.)
-            (HeaderMode::X | HeaderMode::Both | HeaderMode::XWindows, None) => {
-                (Some(""), w.window().limit())
-            }
-            _ => (None, 0),
+            (true, None) => (Some(""), w.window().limit()),
         };
         let extra = match (mode, &policy.ietf_policy) {
             (HeaderMode::Ietf | HeaderMode::Both, Some(p)) => {

@@ -886,6 +886,20 @@ async fn a_denial_without_a_wait_still_gets_retry_after() {
     assert_eq!(denied.number("retry-after"), 1);
 }
 
+/// Each of `windows` with one request of its limit spent.
+fn one_spent(
+    windows: &[tower_ratelimit::Window],
+) -> impl Iterator<Item = tower_ratelimit::store::WindowState> + '_ {
+    windows
+        .iter()
+        .map(|w| tower_ratelimit::store::WindowState::new(*w, w.limit().saturating_sub(1)))
+}
+
+/// An allowed decision over `windows`, resetting in a second.
+fn allowed(windows: impl IntoIterator<Item = tower_ratelimit::store::WindowState>) -> Decision {
+    Decision::new(true, None, Duration::from_secs(1), windows)
+}
+
 /// A store whose decisions report one window more than the check had, the
 /// constraining one, with `limit`.
 #[derive(Clone)]
@@ -898,17 +912,9 @@ impl Store for ExtraWindow {
 
     fn check(&self, check: Check) -> Self::Future {
         let extra = tower_ratelimit::Window::new(Duration::from_secs(1), self.limit).unwrap();
-        let windows = check
-            .windows
-            .iter()
-            .map(|&w| tower_ratelimit::store::WindowState::new(w, w.limit() - 1))
-            .chain([tower_ratelimit::store::WindowState::new(extra, 3)]);
-        ready(Ok(Decision::new(
-            true,
-            None,
-            Duration::from_secs(1),
-            windows,
-        )))
+        let windows =
+            one_spent(&check.windows).chain([tower_ratelimit::store::WindowState::new(extra, 3)]);
+        ready(Ok(allowed(windows)))
     }
 }
 
@@ -1074,16 +1080,7 @@ impl Store for Sometimes {
             return None;
         }
         self.asked_at_once.fetch_add(1, Ordering::SeqCst);
-        let windows = check
-            .windows
-            .iter()
-            .map(|w| tower_ratelimit::store::WindowState::new(*w, w.limit().saturating_sub(1)));
-        Some(Ok(Decision::new(
-            true,
-            None,
-            Duration::from_secs(1),
-            windows,
-        )))
+        Some(Ok(allowed(one_spent(&check.windows))))
     }
 }
 
