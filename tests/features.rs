@@ -1080,7 +1080,7 @@ impl Store for Sometimes {
             return None;
         }
         self.asked_at_once.fetch_add(1, Ordering::SeqCst);
-        Some(Ok(allowed(one_spent(&check.windows))))
+        Some(Ok(allowed(one_spent(check.windows))))
     }
 }
 
