@@ -48,21 +48,21 @@ local function server_now()
   clock = t[1] * 1000000 + t[2]
   return clock
 end
--- (A check with a block time has a second key, and is never sent here.)
-local function no_block_key()
-  error('a check with a block time in a batch')
-end
 -- (The library functions the checks call, made locals once per batch:
 -- see straight_prelude.lua.)
 $LIBS
+local unpack, KEYS = unpack, KEYS
 -- (Helpers the checks share, made once per batch.)
 $SHARED
 local function check(i)
   $CHECK
 end
 -- The checks from `from` on, in order, until one fails (then the first
--- check without a reply): one pcall for them all, not one per check.
-local replies, last = {}, 0
+-- check without a reply, after `done`): one pcall for them all, not one
+-- per check. (The replies' list is made at its full size, from the keys,
+-- which the replies replace: grown one reply at a time, Redis's Lua would
+-- move it at every power of two.)
+local replies, last, done = { unpack(KEYS) }, 0, 0
 local function run(from)
   for i = from, n do
     if i > last then
@@ -71,13 +71,14 @@ local function run(from)
       numbers = nil
     end
     replies[i] = check(i)
+    done = i
   end
 end
 local from = 1
 while from <= n do
   local ok, reply = pcall(run, from)
   if ok then break end
-  local i = #replies + 1
+  local i = done + 1
   if type(reply) == 'table' then
     -- (An error a command raised, as some Redis versions give it: a table
     -- with `err`.)
@@ -89,6 +90,6 @@ while from <= n do
   else
     replies[i] = { err = 'ERR ' .. tostring(reply) }
   end
-  from = i + 1
+  done, from = i, i + 1
 end
 return replies

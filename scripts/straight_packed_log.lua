@@ -9,8 +9,9 @@
 -- The string: the entries (the log), sorted distinct microsecond
 -- timestamps (the last one is the newest), then a trailer, all
 -- little-endian doubles (struct's `d`: whole numbers, which a double holds
--- exactly up to 2^53): per window of the rule (shortest first) h, t: the
--- index of its first entry at `at`, and that entry (0: none, h = size + 1);
+-- exactly up to 2^53): per window of the rule (shortest first) p, o: the
+-- index of its first entry at `at`, and that entry (0: none, p = size + 1;
+-- read into the window's pi and oi below);
 -- then the five numbers every trailer ends with, whatever the rule:
 --   size     the number of entries in the string;
 --   at       the clock the window hints were worked out at (on an
@@ -57,19 +58,28 @@ end
 local read, from = $SHORT, '-$SHORT'
 if exact == 1 or $each( or ){n@ <= 32} then read, from = $READ, '-$READ' end
 local tail = rcall('GETRANGE', key, from, '-1')
-local size, newest, at, expires, start, sfp = 0, 0, 0, 0, 1, 0
-local $each(, ){h@, t@} = $each(, ){1, 0}
+local length = #tail
+-- The usual read, longer than this rule's trailer and in whole numbers:
+-- the newest entry, the hints and the last five in one unpack, as this
+-- rule's trailer has them (the last five are right whatever the rule, the
+-- rest only if its fingerprint is this rule's), straight into the locals
+-- that declare them. Any other read unpacks zeros here, and its numbers
+-- are set below. (Assigned to locals declared before, the numbers would
+-- cost Redis's Lua a move each, and their defaults a load each: about 3%
+-- of a check; benches/HISTORY.md, round 54.)
+local usual = length > $TRAILER and length % 8 == 0
+local newest, $each(, ){p@, o@}, size, at, expires, start, sfp =
+  unpack8('<d$each(){dd}ddddd', usual and tail or string.rep('\0', $SHORT),
+    usual and length - $BEFORE or 1)
 local base, trailer = 0, $TRAILER
-if #tail >= 40 and #tail % 8 == 0 then
-  if #tail > $TRAILER then
-    -- (The newest entry, the hints and the last five in one unpack, as
-    -- this rule's trailer has them: the last five are right whatever the
-    -- rule, the rest only if its fingerprint is this rule's.)
-    newest, $each(, ){h@, t@}, size, at, expires, start, sfp =
-      unpack8('<d$each(){dd}ddddd', tail, #tail - $BEFORE)
-  else
-    size, at, expires, start, sfp = unpack8('<ddddd', tail, #tail - 39)
+if not usual then
+  newest, $each(, ){p@, o@}, size, at, expires, start, sfp =
+    0, $each(, ){1, 0}, 0, 0, 0, 1, 0
+  if length >= 40 and length % 8 == 0 then
+    size, at, expires, start, sfp = unpack8('<ddddd', tail, length - 39)
   end
+end
+if usual or (length >= 40 and length % 8 == 0) then
   if sfp == fp then
     -- This rule's own trailer, which this script wrote: its numbers are
     -- taken as they are (a value forged with the rule's fingerprint is
@@ -77,19 +87,19 @@ if #tail >= 40 and #tail % 8 == 0 then
     -- about 1,000 instructions, round 46 in benches/HISTORY.md). Its window
     -- hints are still checked below: a window's hint left where it was
     -- (not searched) may fall before a start that moved on.
-    base = size - (#tail - $TRAILER) / 8
+    base = size - (length - $TRAILER) / 8
   else
     -- Another rule's trailer, maybe of another length: found from the
     -- string's length (the hints are worked out again below).
-    local length = #tail
-    if length == read then length = rcall('STRLEN', key) end
-    trailer = length - 8 * size
+    local full = length
+    if full == read then full = rcall('STRLEN', key) end
+    trailer = full - 8 * size
     newest = 0
     if #tail > trailer and trailer > 0 then
       newest = unpack8('<d', tail, #tail - trailer - 7)
     elseif size > 0 and trailer > 0 then
       -- (A short read, all of it a longer trailer: the newest entry.)
-      local last = rcall('GETRANGE', key, length - trailer - 8, length - trailer - 1)
+      local last = rcall('GETRANGE', key, full - trailer - 8, full - trailer - 1)
       if #last == 8 then newest = unpack8('<d', last) end
     end
     base = size - (#tail - trailer) / 8
@@ -135,11 +145,13 @@ $HELPERS
 -- window starts where the log does, and is searched for from there; and
 -- the TTL is set again at the next write (it may run on another clock, or
 -- for a shorter longest window).
-if sfp ~= fp or now < at or $each( or ){h@ < start or h@ > size + 1} then
+-- (`top`: the index after the newest entry, size + 1, made once.)
+local top = size + 1
+if sfp ~= fp or now < at or $each( or ){p@ < start or p@ > top} then
   if now < at then expires = 0 end
   local first = 0
   if start <= size then first = entry(start, base, tail, key) end
-  $each(, ){h@, t@} = $each(, ){start, first}
+  $each(, ){p@, o@} = $each(, ){start, first}
 end
 
 -- Window i starts at index pi, its oldest entry is oi (nil: none) and it
@@ -151,20 +163,20 @@ end
 -- is not searched yet (si): its count ci stays that upper bound, searched
 -- below only if the check is denied or the window may be the one with
 -- the fewest remaining (then its exact count is reported).
-local skipped = false
+local skipped, moved, $each(, ){s@} = false, false
 --$each
-local p@, o@, s@ = h@, t@, false
-if h@ > size then
+if p@ > size then
   o@ = nil
-elseif t@ <= now - d@ then
-  if $ISSHORTER and exact == 0 and size + 1 - h@ + cost <= n@ then
+elseif o@ <= now - d@ then
+  if $ISSHORTER and exact == 0 and top - p@ + cost <= n@ then
     s@, skipped = true, true
   else
-    p@, o@ = seek(h@ + 1, now - d@, size, newest, base, tail, key)
+    p@, o@ = seek(p@ + 1, now - d@, size, newest, base, tail, key)
+    moved = true
   end
 end
 --$end
-local $each(, ){c@} = $each(, ){size + 1 - p@}
+local $each(, ){c@} = $each(, ){top - p@}
 
 -- A denying window's wait: until the need-th oldest entry of the window
 -- leaves it, or its whole length for a cost above its limit.
@@ -189,14 +201,15 @@ end
 -- so a window left unsearched stays above it). It can deny nothing: its
 -- entries are at most its upper bound.
 if skipped then
-  local fewest = 9007199254740992
---$each
+  -- (The longest window is never left unsearched: only a shorter one.)
+  local fewest = n$N - c$N
+--$eachshorter
   if not s@ and n@ - c@ < fewest then fewest = n@ - c@ end
 --$end
---$each
+--$eachshorter
   if s@ and (allowed == 0 or n@ - c@ <= fewest) then
-    p@, o@ = seek(h@ + 1, now - d@, size, newest, base, tail, key)
-    c@ = size + 1 - p@
+    p@, o@ = seek(p@ + 1, now - d@, size, newest, base, tail, key)
+    c@, moved = top - p@, true
     if n@ - c@ < fewest then fewest = n@ - c@ end
   end
 --$end
@@ -217,7 +230,7 @@ local longest = d$N
 if allowed == 1 and cost > 0 then
   local px
   local from, q = now, nil
-  if size > 0 and p$N <= size and now <= newest then
+  if now <= newest and size > 0 and p$N <= size then
     -- Every microsecond from now to the newest entry taken (a costly
     -- request, or a budget busier than one request per microsecond: the
     -- distinct entries from q, the first at or after now, are as many as
@@ -226,7 +239,7 @@ if allowed == 1 and cost > 0 then
     q = seek(p1, now - 1, size, newest, base, tail, key)
     if newest - now == size - q then from = newest + 1 end
   end
-  if size == 0 or p$N > size or from > newest then
+  if from > newest or size == 0 or p$N > size then
     -- Time moved past the newest entry (the usual case): the request's
     -- entries are now and the microseconds after it (or after the newest),
     -- appended.
@@ -247,7 +260,7 @@ if allowed == 1 and cost > 0 then
       -- which spares Redis packing a reply and working it out, about 10%
       -- of a check's instructions (benches/HISTORY.md, round 51).
       local written = pack8('<d$each(){dd}ddddd',
-        from, $each(, ){p@, o@}, size + 1, now, expires, p$N, fp)
+        from, $each(, ){p@, o@}, top, now, expires, p$N, fp)
       rcall('SETRANGE', key, fmt('%d', 8 * size), written)
       if px then rcall('PEXPIRE', key, px) end
       return written
@@ -318,7 +331,7 @@ if allowed == 1 and cost > 0 then
 elseif size > 0 and p$N > size then
   -- Denied (or allowed at no cost) when every entry left the log: no log.
   rcall('DEL', key)
-elseif size > 0 and (expires < newest + d$N or $each( or ){p@ ~= h@}) then
+elseif size > 0 and (expires < newest + d$N or moved) then
   -- Denied (or allowed at no cost) after entries left a window: where the
   -- log starts and the new hints, over the old trailer; and a longer TTL
   -- when the rule's longest window grew or the clock went back (never a

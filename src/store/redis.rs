@@ -407,7 +407,9 @@ const IN_BATCH: CallVars = CallVars {
     // (Unpacked once for every check of the same numbers.)
     numbers: ("unpack(numbers or parse(", "))"),
     key: "KEYS[i]",
-    block_key: "no_block_key()",
+    // (A check with a block time has a second key, and is never sent in a
+    // batch.)
+    block_key: "error('a check with a block time in a batch')",
     clock: "local deadline = -now\nnow = clock or server_now()\nif now > deadline and deadline > 1 then return '' end",
     shared_helpers: true,
     libs: "",

@@ -9,7 +9,11 @@
 //! - `$N` is the number of windows, and `$NAME` any variable given;
 //! - in an `--$each` block, `$ISSHORTER` is `true` for every window but the
 //!   last (the longest) and `false` for it: a constant the Lua compiler
-//!   folds, where `@ < $N` would be a comparison made on every run.
+//!   folds, where `@ < $N` would be a comparison made on every run;
+//! - lines between `--$eachshorter` and `--$end` are written once per
+//!   window but the last: code that only a shorter window runs, not even
+//!   a folded test for the longest (Redis's Lua still runs a jump for
+//!   `if false and ...`).
 //!
 //! The scripts are fixed at compile time and expanded once per store, so
 //! a malformed template is a bug the unit tests catch, not an input error.
@@ -17,12 +21,14 @@
 /// Expands `template` for `n` windows, with `vars` for `$NAME`.
 pub(crate) fn expand(template: &str, n: usize, vars: &[(&str, String)]) -> String {
     let mut out = String::with_capacity(template.len() * 2);
-    let mut block: Option<Vec<&str>> = None;
+    // (The lines of the block being read, and its last window.)
+    let mut block: Option<(Vec<&str>, usize)> = None;
     for line in template.lines() {
         match (line.trim(), &mut block) {
-            ("--$each", None) => block = Some(Vec::new()),
-            ("--$end", Some(lines)) => {
-                for i in 1..=n {
+            ("--$each", None) => block = Some((Vec::new(), n)),
+            ("--$eachshorter", None) => block = Some((Vec::new(), n.saturating_sub(1))),
+            ("--$end", Some((lines, last))) => {
+                for i in 1..=*last {
                     let shorter = if i < n { "true" } else { "false" };
                     for l in lines.iter() {
                         let l = l
@@ -34,7 +40,7 @@ pub(crate) fn expand(template: &str, n: usize, vars: &[(&str, String)]) -> Strin
                 }
                 block = None;
             }
-            (_, Some(lines)) => lines.push(line),
+            (_, Some((lines, _))) => lines.push(line),
             (_, None) => {
                 out.push_str(&inline(line, n, vars));
                 out.push('\n');
@@ -93,6 +99,9 @@ mod tests {
         );
         let out = expand("--$each\nif $ISSHORTER and s@ then end\n--$end\n", 2, &[]);
         assert_eq!(out, "if true and s1 then end\nif false and s2 then end\n");
+        let out = expand("--$eachshorter\ns@()\n--$end\nz()\n", 3, &[]);
+        assert_eq!(out, "s1()\ns2()\nz()\n");
+        assert_eq!(expand("--$eachshorter\ns@()\n--$end\n", 1, &[]), "");
         // (Outside a block it is left as it is, for the template tests to
         // find: no variable's name starts it.)
         let out = expand("x = $ISSHORTER + $SHORT\n", 1, &[("SHORT", "8".to_owned())]);
