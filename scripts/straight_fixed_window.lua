@@ -2,16 +2,17 @@
 -- Fixed window (fixed_window.lua): window i (length di, limit ni) is
 -- number ki = floor(now / di) and holds ci requests (si: the number of the
 -- window stored).
-local $each(, ){e@, c@, s@} = $each(, ){0, 0, 0}
-if raw then
-  if #raw == $BYTES then
-    $each(, ){e@, c@, s@} = unpack8('<$each(){ddd}', raw)
-  end
-  if #raw ~= $BYTES or $each( or ){e@ ~= d@} then
+-- (A state of this rule's length is unpacked straight into the locals
+-- that declare its numbers; none, into zeros. Assigned to locals declared
+-- before, each number would cost Redis's Lua a move, and its default a
+-- load: benches/HISTORY.md, round 54.)
+local usual = raw and #raw == $BYTES
+local $each(, ){e@, c@, s@} =
+  unpack8('<$each(){ddd}', usual and raw or string.rep('\0', $BYTES))
+if raw and (not usual or $each( or ){e@ ~= d@}) then
 $REMAP
-    $each(, ){e@, c@, s@} =
-      unpack8('<$each(){ddd}', remap(raw, { $each(, ){d@} }, 3))
-  end
+  $each(, ){e@, c@, s@} =
+    unpack8('<$each(){ddd}', remap(raw, { $each(, ){d@} }, 3))
 end
 -- The script decides and records; its reply is whether it allowed the
 -- request, its clock and the state as it left it, and the store works the

@@ -3,16 +3,17 @@
 -- ni) is in fixed window number ki = floor(now / di), ei into it, and
 -- counts ci requests there and pi in the window before (si: the number of
 -- the window stored).
-local $each(, ){x@, c@, p@, s@} = $each(, ){0, 0, 0, 0}
-if raw then
-  if #raw == $BYTES then
-    $each(, ){x@, c@, p@, s@} = unpack8('<$each(){dddd}', raw)
-  end
-  if #raw ~= $BYTES or $each( or ){x@ ~= d@} then
+-- (A state of this rule's length is unpacked straight into the locals
+-- that declare its numbers; none, into zeros. Assigned to locals declared
+-- before, each number would cost Redis's Lua a move, and its default a
+-- load: benches/HISTORY.md, round 54.)
+local usual = raw and #raw == $BYTES
+local $each(, ){x@, c@, p@, s@} =
+  unpack8('<$each(){dddd}', usual and raw or string.rep('\0', $BYTES))
+if raw and (not usual or $each( or ){x@ ~= d@}) then
 $REMAP
-    $each(, ){x@, c@, p@, s@} =
-      unpack8('<$each(){dddd}', remap(raw, { $each(, ){d@} }, 4))
-  end
+  $each(, ){x@, c@, p@, s@} =
+    unpack8('<$each(){dddd}', remap(raw, { $each(, ){d@} }, 4))
 end
 -- The script decides and records; the store reports (see
 -- straight_fixed_window.lua). A state of the next window (a request counted
