@@ -375,6 +375,53 @@ async fn works_on_a_plain_tower_service() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// Headers the inner service set itself: the layer's rate-limit headers
+/// replace its `X-RateLimit-*` (one value each, the rule's), and its own
+/// `Retry-After` is kept, as the README says.
+#[tokio::test]
+async fn the_inner_services_own_headers_are_replaced_or_kept() {
+    let inner = tower::service_fn(|_req: Request<String>| {
+        let mut response = Response::new(http_body_util::Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert("retry-after", http::HeaderValue::from_static("120"));
+        headers.insert("x-ratelimit-limit", http::HeaderValue::from_static("999"));
+        headers.append(
+            "x-ratelimit-remaining",
+            http::HeaderValue::from_static("998"),
+        );
+        headers.append(
+            "x-ratelimit-remaining",
+            http::HeaderValue::from_static("997"),
+        );
+        ready(Ok::<_, std::convert::Infallible>(response))
+    });
+    let rules = Rules::builder()
+        .route("^/a", [Rule::new().minute(5)])
+        .build()
+        .unwrap();
+    let service = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(rules, MemoryStore::new()).identify(Global))
+        .service(inner);
+    let response = service
+        .oneshot(Request::builder().uri("/a").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let values = |name: &str| -> Vec<&str> {
+        response
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    };
+    assert_eq!(values("x-ratelimit-limit"), ["5"]);
+    assert_eq!(values("x-ratelimit-remaining"), ["4"]);
+    assert_eq!(values("x-ratelimit-reset").len(), 1);
+    assert_eq!(values("retry-after"), ["120"]);
+}
+
 /// Over an inner service whose readiness is a resource (tower's
 /// `ConcurrencyLimit` of 1: `poll_ready` takes the permit, `call` spends
 /// it, and a call without one panics), the layer calls only the service

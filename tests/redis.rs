@@ -1514,6 +1514,7 @@ async fn a_target_set_up_wrongly_is_an_error_at_build() {
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     assert!(e.to_string().contains("cluster support disabled"), "{e}");
+    assert!(e.to_string().contains("the server is not a Cluster node: reach a standalone server with RedisStoreBuilder::url"), "{e}");
 
     let cluster = RedisCluster::start();
     for node in &cluster.nodes {

@@ -2178,7 +2178,11 @@ impl<C: AskAgain + Clone + Send + Sync + 'static> Lazy<C> {
                 }
             }
             Err(error) if misconfigured(&error) => {
-                return Err(config_error(format!("{what}: {error}")));
+                let hint = match error.to_string().contains(NOT_A_CLUSTER_SIGN) {
+                    true => format!(" ({NOT_A_CLUSTER})"),
+                    false => String::new(),
+                };
+                return Err(config_error(format!("{what}: {error}{hint}")));
             }
             Err(error) if is_replica(&error) => {
                 tracing::warn!(
@@ -3137,7 +3141,7 @@ fn misconfigured(e: &RedisError) -> bool {
     // Redis often does, is not told from one not reachable yet: the store
     // keeps trying, as the warning at `build` says.)
     [
-        "cluster support disabled",
+        NOT_A_CLUSTER_SIGN,
         "DB index is out of range",
         "WRONGPASS",
         "NOAUTH",
@@ -3148,6 +3152,12 @@ fn misconfigured(e: &RedisError) -> bool {
     .iter()
     .any(|sign| text.contains(sign))
 }
+
+/// How a server that is no Cluster node answers a Cluster's command.
+const NOT_A_CLUSTER_SIGN: &str = "cluster support disabled";
+
+/// What that answer means to a store built for a Cluster.
+const NOT_A_CLUSTER: &str = "the server is not a Cluster node: reach a standalone server with RedisStoreBuilder::url, or the demo's --redis";
 
 /// A server's refusal of any command for a while: loading its data
 /// (`LOADING`), a replica cut from its master (`MASTERDOWN`), a script

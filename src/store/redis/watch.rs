@@ -859,15 +859,15 @@ impl Watch {
         }
         if !self.told_unmapped.swap(true, Ordering::Relaxed) {
             // (A server that is no Cluster node says so: the store's build
-            // then fails with that error, which the hint must not blame on
-            // an ACL.)
-            let hint = match e.to_string().contains("cluster support disabled") {
-                true => "the server is not a Cluster node: a standalone server is reached as one (RedisStoreBuilder::url, the demo's --redis)",
-                false => "an ACL that denies it? allow the store's user `cluster|slots`",
-            };
+            // then fails with that error, and says why (NOT_A_CLUSTER), so
+            // a warning of how a running store would fare only confuses.)
+            if e.to_string().contains(super::NOT_A_CLUSTER_SIGN) {
+                tracing::debug!(error = %e, "CLUSTER SLOTS refused: {}", super::NOT_A_CLUSTER);
+                return;
+            }
             tracing::warn!(
                 error = %e,
-                hint,
+                hint = "an ACL that denies it? allow the store's user `cluster|slots`",
                 "CLUSTER SLOTS answered with an error: the store does not know which master serves which slot, so a master that answers nothing is not found, the masters fall back as one, and checks carry no deadline"
             );
         }
