@@ -4056,8 +4056,10 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// number it unpacks costs Redis about 300 instructions), the (length in
 /// microseconds, limit) pairs of the user's windows and of the route-wide
 /// ones, then, for the straight-line sliding log alone, a fingerprint of the
-/// user's windows (it keeps it with its hints) and
-/// [`Check::exact_windows`] (1 or 0).
+/// user's windows (it keeps it with its hints) and how the script reads
+/// the log: 1 for [`Check::exact_windows`], else 2 if a user window's limit
+/// is at most 32 (its first read then takes the 32 entries before the
+/// trailer), else 0.
 ///
 /// ```
 /// use std::time::Duration;
@@ -4075,6 +4077,9 @@ impl redis::ToRedisArgs for ScriptArgs<'_> {
 /// assert_eq!(straight[..5], [-1, 1, 0, 1_000_000, 10]);
 /// assert_eq!(straight.len(), 7);
 /// assert_eq!(straight[6], 1);
+/// // Not counted exactly, with a limit of at most 32: the log's long first read.
+/// let lax = Check::new("api:alice", vec![window]).with_exact_windows(false);
+/// assert_eq!(numbers(script_args(&lax))[6], 2);
 /// // A counter algorithm's straight-line script: no block time either.
 /// let counter = Check::new("api:alice", vec![window]).with_algorithm(Algorithm::FixedWindow);
 /// assert_eq!(numbers(script_args(&counter)), [-1, 1, 1_000_000, 10]);
@@ -4163,7 +4168,23 @@ fn each_script_number(check: &Check, deadline: Option<i64>, mut push: impl FnMut
     }
     if kind.takes_fingerprint() {
         push(windows_fingerprint(&check.windows));
-        push(i64::from(check.exact_windows));
+        push(log_read(check));
+    }
+}
+
+/// How the packed sliding log reads a check's log, the last of its
+/// numbers (`exact` in `scripts/straight_packed_log.lua`): 1 when every
+/// window is counted exactly, else 2 when a window's limit is at most 32
+/// (all its entries are in the first read's 32 before the trailer), else 0
+/// (the trailer and the newest entry alone). Worked out here once, where
+/// the script compared every window's limit on every check.
+fn log_read(check: &Check) -> i64 {
+    if check.exact_windows {
+        1
+    } else if check.windows.iter().any(|w| w.limit() <= 32) {
+        2
+    } else {
+        0
     }
 }
 
