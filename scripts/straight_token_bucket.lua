@@ -1,18 +1,6 @@
 
 -- Token bucket (token_bucket.lua): window i (length di, limit ni) has TAT
 -- ai, and a token comes back every ti = ceil(di / ni) microseconds.
--- (A state of this rule's length is unpacked straight into the locals
--- that declare its numbers; none, into zeros. Assigned to locals declared
--- before, each number would cost Redis's Lua a move, and its default a
--- load: benches/HISTORY.md, round 54.)
-local usual = raw and #raw == $BYTES
-local $each(, ){e@, a@} =
-  unpack8('<$each(){dd}', usual and raw or string.rep('\0', $BYTES))
-if raw and (not usual or $each( or ){e@ ~= d@}) then
-$REMAP
-  $each(, ){e@, a@} =
-    unpack8('<$each(){dd}', remap(raw, { $each(, ){d@} }, 2))
-end
 -- The state's TTL runs to its last TAT rounded up to a whole second
 -- (token_bucket.lua rounds alike): `before` is the one the stored TATs
 -- gave, which the last save set.

@@ -322,31 +322,37 @@ pub fn straight_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
     }
 }
 
-/// A counter algorithm's straight-line template, and how many numbers its
-/// state keeps per window; `None` for the sliding log.
-fn counter_template(algorithm: Algorithm) -> Option<(&'static str, usize)> {
+/// A counter algorithm's straight-line template, and the names of the
+/// numbers its state keeps per window (`@` for the window's number; the
+/// first, its length); `None` for the sliding log.
+fn counter_template(algorithm: Algorithm) -> Option<(&'static str, &'static str)> {
     match algorithm {
         Algorithm::SlidingLog => None,
-        Algorithm::SlidingWindow => Some((STRAIGHT_SLIDING_WINDOW, 4)),
-        Algorithm::FixedWindow => Some((STRAIGHT_FIXED_WINDOW, 3)),
-        Algorithm::TokenBucket => Some((STRAIGHT_TOKEN_BUCKET, 2)),
+        Algorithm::SlidingWindow => Some((STRAIGHT_SLIDING_WINDOW, "x@, c@, p@, s@")),
+        Algorithm::FixedWindow => Some((STRAIGHT_FIXED_WINDOW, "e@, c@, s@")),
+        Algorithm::TokenBucket => Some((STRAIGHT_TOKEN_BUCKET, "e@, a@")),
     }
 }
 
-/// The counter script of `template` (and its state's width) for `windows`
-/// windows (1 to [`STRAIGHT_MAX_WINDOWS`]), reading its argument, key and
-/// clock through `call`.
-fn counter_lua(
-    (template, width): (&str, usize),
-    windows: usize,
-    call: &CallVars,
-) -> Option<String> {
+/// The counter script of `template` (and its state's numbers) for
+/// `windows` windows (1 to [`STRAIGHT_MAX_WINDOWS`]), reading its argument,
+/// key and clock through `call`.
+fn counter_lua((template, names): (&str, &str), windows: usize, call: &CallVars) -> Option<String> {
     if !(1..=STRAIGHT_MAX_WINDOWS).contains(&windows) {
         return None;
     }
+    let width = names.split(',').count();
     let bytes = (8 * width * windows).to_string();
+    // (The state's names go in before the windows are expanded: they are
+    // written once per window, in `scripts/straight_counter_state.lua`.)
+    let first = names.split(',').next().unwrap_or(names);
+    let template = template
+        .replace("$STATENAMES", names)
+        .replace("$STATEFMT", &"d".repeat(width))
+        .replace("$STATEFIRST", first)
+        .replace("$STATEWIDTH", &width.to_string());
     Some(super::template::expand(
-        template,
+        &template,
         windows,
         &[
             ("OPENARGS", call.numbers.0.to_owned()),
