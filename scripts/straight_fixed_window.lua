@@ -29,4 +29,4 @@ local state = pack8('<$each(){ddd}', $each(, ){d@, c@, k@})
 if allowed == 1 then
 $SAVE
 end
-return pack8('<dd', allowed, now) .. state
+$REPLY pack8('<dd', allowed, now) .. state$DONE

@@ -45,7 +45,7 @@ if block > 0 then
   local blocked_until = tonumber(rcall('GET', $KEY2))
   if blocked_until and blocked_until > now then
     local wait = blocked_until - now
-    return pack8('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})
+    $REPLY pack8('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})$DONE
   end
 end
 -- The trailer and the 32 entries before it, where a shorter window's
@@ -265,7 +265,7 @@ if allowed == 1 and cost > 0 then
         from, $each(, ){p@, o@}, top, now, expires, p$N, fp)
       rcall('SETRANGE', key, fmt('%d', 8 * size), written)
       if px then rcall('PEXPIRE', key, px) end
-      return written
+      $REPLY written$DONE
     else
       $PACKED
       local list = { }
@@ -360,7 +360,7 @@ if allowed == 0 and block > 0 then
   if cost <= 1 then hold = wait end
   rcall('SET', $KEY2, fmt('%d', now + hold), 'PX',
     fmt('%d', math.max(math.ceil(hold / 1000), 1) + ttl_pad))
-  return pack8('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})
+  $REPLY pack8('<dddd$each(){d}', 0, wait, wait, 1, $each(, ){0})$DONE
 end
 
 -- Remaining = limit - count, at least 0, and the constraining window (the
@@ -380,6 +380,6 @@ if allowed == 1 then
   -- (which answered above with what it wrote): reset and the remaining
   -- alone, three numbers fewer to pack (about 1.2k instructions); the
   -- store tells the three forms by their length.
-  return pack8('<d$each(){d}', reset, $each(, ){r@})
+  $REPLY pack8('<d$each(){d}', reset, $each(, ){r@})$DONE
 end
-return pack8('<dddd$each(){d}', allowed, retry, reset, 0, $each(, ){r@})
+$REPLY pack8('<dddd$each(){d}', allowed, retry, reset, 0, $each(, ){r@})$DONE

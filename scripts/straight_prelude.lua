@@ -12,21 +12,18 @@
 -- expands them from templates, scripts/straight_*.lua, once per window
 -- count (src/store/template.rs says how).
 
--- (ARGV[1] as prelude.lua reads it, without the two window counts; the
--- counters' without the block time too, which they never have. In a
--- script of checks sent together, the check's own key, its numbers (as
--- unpacked once for every check that has the same) and the batch's one
--- reading of the clock: see batched.lua.)
 -- (The library functions the script calls, as locals: a global's
 -- lookup and its field's cost Redis's Lua about 60 instructions per call,
 -- a local none. Alone, made here; in a batch, once for the batch.)
 $LIBS
-local now, cost$BLOCKVAR, $each(, ){d@, n@}$ARGFP =
-  $OPENARGS'<dd$BLOCKFMT$each(){dd}$ARGFMT'$CLOSEARGS
-local ttl_pad = 10000 -- see prelude.lua
-if now < 0 then
-  $SERVERNOW
-  ttl_pad = 0
-end
+-- (The check's numbers and clock: scripts/straight_args.lua. Alone, read
+-- here; in a batch, once for every check that has the same: see
+-- batched.lua.)
+$ARGS
 local key = $KEY1
+-- (Where the check answers, the templates mark the answer with the store's
+-- REPLY and DONE variables: alone, `return` before it; in a batch, its
+-- place in the replies before it and a `break` after it, out of the
+-- check's `repeat ... until true` in batched.lua's loop. So an answer is
+-- the last statement of its block, and never inside a loop of its own.)
 

@@ -33,4 +33,4 @@ local state = pack8('<$each(){dddd}', $each(, ){d@, c@, p@, k@})
 if allowed == 1 then
 $SAVE
 end
-return pack8('<dd', allowed, now) .. state
+$REPLY pack8('<dd', allowed, now) .. state$DONE

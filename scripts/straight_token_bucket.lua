@@ -34,4 +34,4 @@ local state = pack8('<$each(){dd}', $each(, ){d@, a@})
 if allowed == 1 then
 $SAVE
 end
-return pack8('<dd', allowed, now) .. state
+$REPLY pack8('<dd', allowed, now) .. state$DONE

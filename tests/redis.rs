@@ -1108,6 +1108,21 @@ fn a_batch_takes_each_run_of_numbers_once() {
     let error = call(["2", "1"]).unwrap_err();
     assert_eq!(error.code(), Some("WRONGTYPE"), "{error}");
     assert!(length("a") > before[0] && length("c") > before[1]);
+
+    // The first check of a run failing: the run's next check still runs,
+    // on the run's numbers (b, cost 1: 1 of 5 spent), and the next run on
+    // its own (c, cost 2: 4 more of 5 spent, then denied).
+    assert_eq!(server.cli(&["del", "a", "b", "c"]), "3");
+    assert_eq!(server.cli(&["rpush", "a", "x"]), "1");
+    for _ in 0..2 {
+        let error = call(["2", "1"]).unwrap_err();
+        assert_eq!(error.code(), Some("WRONGTYPE"), "{error}");
+    }
+    // (A 1-window packed log: 8 bytes an entry, and the trailer's two
+    // numbers for the window and five every trailer ends with.)
+    let log = |entries: u64| 8 * entries + 8 * (2 + 5);
+    assert_eq!(length("b"), log(2));
+    assert_eq!(length("c"), log(4));
 }
 
 /// A check whose caller is gone before its batch is sent (a request

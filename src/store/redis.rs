@@ -355,30 +355,50 @@ fn counter_lua((template, names): (&str, &str), windows: usize, call: &CallVars)
         &template,
         windows,
         &[
-            ("OPENARGS", call.numbers.0.to_owned()),
-            ("CLOSEARGS", call.numbers.1.to_owned()),
+            ("ARGS", call.args(false, windows, false)),
             ("KEY1", call.key.to_owned()),
-            ("SERVERNOW", call.clock.to_owned()),
             ("LIBS", call.libs.to_owned()),
+            ("REPLY", call.reply.0.to_owned()),
+            ("DONE", call.reply.1.to_owned()),
             ("BYTES", bytes),
             ("SAVE", STRAIGHT_SAVE.trim_end().to_owned()),
             ("REMAP", STRAIGHT_REMAP.trim_end().to_owned()),
-            // (Only the sliding log reads the windows' fingerprint, and
-            // may have a block time.)
-            ("ARGFP", String::new()),
-            ("ARGFMT", String::new()),
-            ("BLOCKVAR", String::new()),
-            ("BLOCKFMT", String::new()),
         ],
     ))
 }
 
-/// Where a straight-line script reads its check's argument, its key and
-/// the server's clock (`$OPENARGS`, `$CLOSEARGS`, `$KEY1`, `$SERVERNOW` in
-/// `scripts/straight_prelude.lua`).
+/// A straight-line check's numbers and clock (`scripts/straight_args.lua`).
+const STRAIGHT_ARGS: &str = include_str!("../../scripts/straight_args.lua");
+
+/// The names and format of the numbers a straight-line check reads beyond
+/// `now`, `cost` and the windows': only the sliding log's fingerprint and
+/// read mode, and block time (`$ARGFP`, `$ARGFMT`, `$BLOCKVAR`,
+/// `$BLOCKFMT` in `scripts/straight_args.lua`).
+fn extra_args(log: bool) -> [(&'static str, String); 4] {
+    let (fp, fp_format, block, block_format) = match log {
+        true => (", fp, exact", "dd", ", block", "d"),
+        false => ("", "", "", ""),
+    };
+    [
+        ("ARGFP", fp.to_owned()),
+        ("ARGFMT", fp_format.to_owned()),
+        ("BLOCKVAR", block.to_owned()),
+        ("BLOCKFMT", block_format.to_owned()),
+    ]
+}
+
+/// Where a straight-line script reads its check's numbers, its key and
+/// the server's clock, and how it answers (`$ARGS`, `$KEY1` in
+/// `scripts/straight_prelude.lua`; `$ARGV`, `$SERVERNOW` in
+/// `scripts/straight_args.lua`; `$REPLY`, `$DONE` where the templates
+/// answer).
 struct CallVars {
-    /// What goes before and after the numbers' format to unpack them.
-    numbers: (&'static str, &'static str),
+    /// The string the numbers are unpacked from.
+    numbers: &'static str,
+    /// Whether the check's code reads its numbers itself (alone), or the
+    /// batch script around it reads them once per run of checks that have
+    /// the same (`$ARGS` in `scripts/batched.lua`).
+    own_args: bool,
     key: &'static str,
     /// The block marker's key (`$KEY2`, the sliding log's).
     block_key: &'static str,
@@ -391,6 +411,31 @@ struct CallVars {
     /// The library functions' locals (`$LIBS`), made by the check's code
     /// alone and by the batch script in a batch.
     libs: &'static str,
+    /// What goes before and after the answer (`$REPLY`, `$DONE`): a check
+    /// alone returns it; a check in a batch, whose code the batch script
+    /// runs inline in its loop (a Lua function call costs Redis about
+    /// 1,100 instructions for a frame this size), stores it in its place
+    /// in the replies and leaves the check's `repeat ... until true`.
+    reply: (&'static str, &'static str),
+}
+
+impl CallVars {
+    /// The numbers and clock of a check of `windows` windows
+    /// (`scripts/straight_args.lua`) where the check's code reads them
+    /// (`batch`: for the batch script's `$ARGS`), else nothing.
+    fn args(&self, batch: bool, windows: usize, log: bool) -> String {
+        if self.own_args == batch {
+            return String::new();
+        }
+        let mut vars = vec![
+            ("ARGV", self.numbers.to_owned()),
+            ("SERVERNOW", self.clock.to_owned()),
+        ];
+        vars.extend(extra_args(log));
+        super::template::expand(STRAIGHT_ARGS, windows, &vars)
+            .trim_end()
+            .to_owned()
+    }
 }
 
 /// The library functions a straight-line script calls, as locals
@@ -400,25 +445,31 @@ const LIBS: &str =
 
 /// A check alone: its own call's.
 const ALONE: CallVars = CallVars {
-    numbers: ("unpack8(", ", ARGV[1])"),
+    numbers: "ARGV[1]",
+    own_args: true,
     key: "KEYS[1]",
     block_key: "KEYS[2]",
     clock: "local t, deadline = redis.call('TIME'), -now\nnow = t[1] * 1000000 + t[2]\nif now > deadline and deadline > 1 then return '' end",
     shared_helpers: false,
     libs: LIBS,
+    reply: ("return", ""),
 };
 
 /// Check `i` of a batch (`scripts/batched.lua`).
 const IN_BATCH: CallVars = CallVars {
-    // (Unpacked once for every check of the same numbers.)
-    numbers: ("unpack(numbers or parse(", "))"),
+    // (Unpacked once for every run of checks of the same numbers.)
+    numbers: "ARGV[g]",
+    own_args: false,
     key: "KEYS[i]",
     // (A check with a block time has a second key, and is never sent in a
     // batch.)
     block_key: "error('a check with a block time in a batch')",
-    clock: "local deadline = -now\nnow = clock or server_now()\nif now > deadline and deadline > 1 then return '' end",
+    // (Once per run: each check of a run past its deadline answers '').
+    clock:
+        "local deadline = -now\nnow = clock or server_now()\nlate = now > deadline and deadline > 1",
     shared_helpers: true,
     libs: "",
+    reply: ("replies[i] =", " break"),
 };
 
 /// Checks of one algorithm and window count sent together
@@ -443,14 +494,19 @@ const BATCHED: &str = include_str!("../../scripts/batched.lua");
 /// assert!(batched_lua(Algorithm::FixedWindow, 6).is_none());
 /// ```
 pub fn batched_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
-    let (check, shared) = match counter_template(algorithm) {
-        None => (packed_log_lua(windows, &IN_BATCH)?, STRAIGHT_LOG_HELPERS),
-        Some(template) => (counter_lua(template, windows, &IN_BATCH)?, ""),
+    let (check, shared, log) = match counter_template(algorithm) {
+        None => (
+            packed_log_lua(windows, &IN_BATCH)?,
+            STRAIGHT_LOG_HELPERS,
+            true,
+        ),
+        Some(template) => (counter_lua(template, windows, &IN_BATCH)?, "", false),
     };
     Some(super::template::expand(
         BATCHED,
         windows,
         &[
+            ("ARGS", IN_BATCH.args(true, windows, log)),
             ("CHECK", check.trim_end().to_owned()),
             ("SHARED", shared.trim_end().to_owned()),
             ("LIBS", LIBS.to_owned()),
@@ -473,12 +529,12 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
         STRAIGHT_SLIDING_LOG,
         windows,
         &[
-            ("OPENARGS", call.numbers.0.to_owned()),
-            ("CLOSEARGS", call.numbers.1.to_owned()),
+            ("ARGS", call.args(false, windows, true)),
             ("KEY1", call.key.to_owned()),
             ("KEY2", call.block_key.to_owned()),
-            ("SERVERNOW", call.clock.to_owned()),
             ("LIBS", call.libs.to_owned()),
+            ("REPLY", call.reply.0.to_owned()),
+            ("DONE", call.reply.1.to_owned()),
             (
                 "HELPERS",
                 if call.shared_helpers {
@@ -494,10 +550,6 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             // `at` is, from the trailer's start.)
             ("BEFORE", (trailer + 7).to_string()),
             ("ATOFFSET", (16 * windows + 8).to_string()),
-            ("ARGFP", ", fp, exact".to_owned()),
-            ("ARGFMT", "dd".to_owned()),
-            ("BLOCKVAR", ", block".to_owned()),
-            ("BLOCKFMT", "d".to_owned()),
             ("TTL", STRAIGHT_LOG_TTL.trim_end().to_owned()),
             ("PACKED", STRAIGHT_LOG_PACKED.trim_end().to_owned()),
         ],

@@ -121,11 +121,14 @@ mod tests {
                 let code = script.lines().filter(|l| !l.trim_start().starts_with("--"));
                 for line in code {
                     assert!(!line.contains(['@', '$']), "{algorithm:?} x{n}: {line}");
+                    // (Alone, it returns its answer.)
+                    assert!(!line.contains("replies"), "{algorithm:?} x{n}: {line}");
                 }
                 assert!(
                     script.contains(&format!("d{n}, n{n}")),
                     "{algorithm:?} x{n}"
                 );
+                assert!(script.contains("return pack8("), "{algorithm:?} x{n}");
                 if let Some(batched) = crate::store::redis::batched_lua(algorithm, n) {
                     // (Each check reads its own key, and the batch's
                     // clock.)
@@ -147,10 +150,14 @@ mod tests {
                     }
                     let code = code.join("\n");
                     // (Its numbers as the batch unpacked them, once for
-                    // every check that has the same.)
+                    // every run of checks that have the same; its answers
+                    // in their places in the replies, not returned: its
+                    // code runs inline, in the batch's loop.)
                     assert!(code.contains("KEYS[i]"));
-                    assert!(code.contains("unpack(numbers or parse('<dd"));
+                    assert_eq!(code.matches(", ARGV[g])").count(), 1);
                     assert!(!code.contains("ARGV[i]"));
+                    assert!(code.contains("replies[i] = pack8("));
+                    assert!(!code.contains("check("));
                     assert_eq!(code.matches("redis.call('TIME')").count(), 1);
                 }
             }
