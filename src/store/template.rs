@@ -129,6 +129,15 @@ mod tests {
                     "{algorithm:?} x{n}"
                 );
                 assert!(script.contains("return pack8("), "{algorithm:?} x{n}");
+                // (Its last statement is an answer.)
+                let last = script
+                    .lines()
+                    .map(str::trim)
+                    .rfind(|l| !l.is_empty() && !l.starts_with("--"));
+                assert!(
+                    last.is_some_and(|l| l.starts_with("return ")),
+                    "{algorithm:?} x{n}: {last:?}"
+                );
                 if let Some(batched) = crate::store::redis::batched_lua(algorithm, n) {
                     // (Each check reads its own key, and the batch's
                     // clock.)
@@ -158,6 +167,16 @@ mod tests {
                     assert!(!code.contains("ARGV[i]"));
                     assert!(code.contains("replies[i] = pack8("));
                     assert!(!code.contains("check("));
+                    // (No path of a check's code falls through: it ends
+                    // with an answer. The replies' list starts as the
+                    // keys, so one that did would answer with its key.)
+                    let lines: Vec<&str> = code.lines().map(str::trim).collect();
+                    let end = lines.iter().position(|l| *l == "until true");
+                    let last = end.and_then(|e| lines[..e].iter().rev().find(|l| !l.is_empty()));
+                    assert!(
+                        last.is_some_and(|l| l.starts_with("replies[i] =") && l.ends_with(" break")),
+                        "{algorithm:?} x{n}: {last:?}"
+                    );
                     assert_eq!(code.matches("redis.call('TIME')").count(), 1);
                 }
             }
