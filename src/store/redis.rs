@@ -355,7 +355,7 @@ fn counter_lua((template, names): (&str, &str), windows: usize, call: &CallVars)
         &template,
         windows,
         &[
-            ("ARGS", call.args(false, windows, false)),
+            ("ARGS", call.own_args(windows, false)),
             ("KEY1", call.key.to_owned()),
             ("LIBS", call.libs.to_owned()),
             ("REPLY", call.reply.0.to_owned()),
@@ -395,19 +395,17 @@ fn extra_args(log: bool) -> [(&'static str, String); 4] {
 struct CallVars {
     /// The string the numbers are unpacked from.
     numbers: &'static str,
-    /// Whether the check's code reads its numbers itself (alone), or the
-    /// batch script around it reads them once per run of checks that have
-    /// the same (`$ARGS` in `scripts/batched.lua`).
-    own_args: bool,
+    /// Whether the check runs in a batch: then the batch script around it
+    /// reads its numbers and clock once per run of checks that have the
+    /// same (`$ARGS` in `scripts/batched.lua`), and makes the helper
+    /// functions once per batch (`$SHARED`), not the check's code.
+    in_batch: bool,
     key: &'static str,
     /// The block marker's key (`$KEY2`, the sliding log's).
     block_key: &'static str,
     /// How `now` is set from the server's clock (`$SERVERNOW`): `TIME`
     /// for a check alone, the batch's one reading for a check in a batch.
     clock: &'static str,
-    /// Whether the script's helper functions are made by the batch script
-    /// around it, once per batch (`$SHARED`), not in the check's code.
-    shared_helpers: bool,
     /// The library functions' locals (`$LIBS`), made by the check's code
     /// alone and by the batch script in a batch.
     libs: &'static str,
@@ -420,13 +418,18 @@ struct CallVars {
 }
 
 impl CallVars {
-    /// The numbers and clock of a check of `windows` windows
-    /// (`scripts/straight_args.lua`) where the check's code reads them
-    /// (`batch`: for the batch script's `$ARGS`), else nothing.
-    fn args(&self, batch: bool, windows: usize, log: bool) -> String {
-        if self.own_args == batch {
-            return String::new();
+    /// The check's code's own `$ARGS`: its numbers and clock alone;
+    /// nothing in a batch, whose script reads them.
+    fn own_args(&self, windows: usize, log: bool) -> String {
+        match self.in_batch {
+            true => String::new(),
+            false => self.args(windows, log),
         }
+    }
+
+    /// The numbers and clock of a check of `windows` windows
+    /// (`scripts/straight_args.lua`; `log`: the sliding log's).
+    fn args(&self, windows: usize, log: bool) -> String {
         let mut vars = vec![
             ("ARGV", self.numbers.to_owned()),
             ("SERVERNOW", self.clock.to_owned()),
@@ -446,11 +449,10 @@ const LIBS: &str =
 /// A check alone: its own call's.
 const ALONE: CallVars = CallVars {
     numbers: "ARGV[1]",
-    own_args: true,
+    in_batch: false,
     key: "KEYS[1]",
     block_key: "KEYS[2]",
     clock: "local t, deadline = redis.call('TIME'), -now\nnow = t[1] * 1000000 + t[2]\nif now > deadline and deadline > 1 then return '' end",
-    shared_helpers: false,
     libs: LIBS,
     reply: ("return", ""),
 };
@@ -459,7 +461,7 @@ const ALONE: CallVars = CallVars {
 const IN_BATCH: CallVars = CallVars {
     // (Unpacked once for every run of checks of the same numbers.)
     numbers: "ARGV[g]",
-    own_args: false,
+    in_batch: true,
     key: "KEYS[i]",
     // (A check with a block time has a second key, and is never sent in a
     // batch.)
@@ -467,7 +469,6 @@ const IN_BATCH: CallVars = CallVars {
     // (Once per run: each check of a run past its deadline answers '').
     clock:
         "local deadline = -now\nnow = clock or server_now()\nlate = now > deadline and deadline > 1",
-    shared_helpers: true,
     libs: "",
     reply: ("replies[i] =", " break"),
 };
@@ -506,7 +507,7 @@ pub fn batched_lua(algorithm: Algorithm, windows: usize) -> Option<String> {
         BATCHED,
         windows,
         &[
-            ("ARGS", IN_BATCH.args(true, windows, log)),
+            ("ARGS", IN_BATCH.args(windows, log)),
             ("CHECK", check.trim_end().to_owned()),
             ("SHARED", shared.trim_end().to_owned()),
             ("LIBS", LIBS.to_owned()),
@@ -529,7 +530,7 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
         STRAIGHT_SLIDING_LOG,
         windows,
         &[
-            ("ARGS", call.args(false, windows, true)),
+            ("ARGS", call.own_args(windows, true)),
             ("KEY1", call.key.to_owned()),
             ("KEY2", call.block_key.to_owned()),
             ("LIBS", call.libs.to_owned()),
@@ -537,7 +538,7 @@ fn packed_log_lua(windows: usize, call: &CallVars) -> Option<String> {
             ("DONE", call.reply.1.to_owned()),
             (
                 "HELPERS",
-                if call.shared_helpers {
+                if call.in_batch {
                     String::new()
                 } else {
                     STRAIGHT_LOG_HELPERS.trim_end().to_owned()
