@@ -276,7 +276,7 @@ async fn two_replicas_on_one_redis_share_each_budget() {
     two_replicas_spend_one_budget(&flags).await;
     let key = [("x-api-key", "carol")];
     // The budget is in Redis: a third replica started now sees it spent.
-    let late = demo(&flags).await;
+    let late = demo(&[&flags[..], &SLOW_MACHINE].concat()).await;
     assert_eq!(get(late, "/a", &key).await.status, 429);
     assert_eq!(get(late, "/a", &[("x-api-key", "dave")]).await.status, 200);
 }
@@ -402,7 +402,10 @@ async fn two_replicas_through_sentinel_share_each_budget() {
         "--sentinel-master",
         "mymaster",
     ];
-    let replicas = [demo(&flags).await, demo(&flags[..4]).await];
+    let replicas = [
+        demo(&[&flags[..], &SLOW_MACHINE].concat()).await,
+        demo(&[&flags[..4], &SLOW_MACHINE].concat()).await,
+    ];
     let key = [("x-api-key", "ivan")];
     assert_eq!(get(replicas[0], "/a", &key).await.status, 200);
     assert_eq!(get(replicas[1], "/a", &key).await.status, 200);
@@ -420,7 +423,7 @@ async fn two_replicas_through_sentinel_share_each_budget() {
         "--sentinel-master-url",
         "redis://master/3",
     ];
-    let third = demo(&flags).await;
+    let third = demo(&[&flags[..], &SLOW_MACHINE].concat()).await;
     let key = [("x-api-key", "judy")];
     assert_eq!(get(third, "/a", &key).await.status, 200);
     let keys = set
@@ -814,7 +817,8 @@ async fn penalties_and_refunds_follow_the_response_status() {
     let redis = RedisServer::start();
     let url = redis.url();
     let table = config_file("[[routes]]\npath = \"^/a\"\nrules = [{ minute = 5 }]\n");
-    for store in [vec![], vec!["--redis", url.as_str()]] {
+    let on_redis = [&["--redis", url.as_str()][..], &SLOW_MACHINE].concat();
+    for store in [vec![], on_redis] {
         let mut flags = vec!["--config", table.path(), "--penalty", "401=3"];
         flags.extend(["--refund", "5xx=1", "--penalty", "4xx=1"]);
         flags.extend(&store);
